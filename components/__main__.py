@@ -1,0 +1,58 @@
+"""``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import ConfigError
+from .plan import ServingPlan, plan_stack
+
+
+def _print_plan(plan: ServingPlan) -> None:
+    d = plan.as_dict()
+    L, m = d["layout"], plan.memory
+    print(f"stack {d['stack']}: strategy {d['strategy']} for {d['model']['name']} on {d['host']['address']}")
+    print(f"  layout       tp {L['tp_size']} x pp {L['pp_size']} (ep {L['ep_size']}, dp {L['dp_size']}"
+          f"{', dp-attention' if L['enable_dp_attention'] else ''}) = world size {d['world_size']} of {d['host']['gpu_count']} GPUs;"
+          f" moe_tp {L['moe_tp_size']}, attn_tp {L['attn_tp_size']}")
+    print(f"  memory/GPU   {m.gpu_memory_gb:g} GB x {m.mem_fraction_static:g} = {m.static_budget_gb} GB for weights + KV pool")
+    for s in m.stages:
+        print(f"    stage {s.stage}: {s.layers} layers, weights {s.weights_gb} GB, KV pool {s.kv_pool_gb} GB,"
+              f" {s.kv_bytes_per_token:,} B/token, {s.max_total_tokens:,} tokens")
+    print(f"  KV capacity  {m.max_total_tokens:,} tokens per replica; demand {m.max_running_requests} x {m.context_length} = {m.token_demand:,}")
+    for w in plan.warnings:
+        print(f"  warning      {w}")
+    print(f"  unit         {d['unit_name']}" + (f" (Conflicts= {' '.join(d['conflicts'])})" if d["conflicts"] else ""))
+    print(f"  environment  {d['environment_path']}")
+    print("\n--- " + d["unit_name"])
+    print(d["unit_text"], end="")
+    print("--- " + d["environment_path"])
+    print(d["environment_text"], end="")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m components", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="validate a strategy stack and print its serving plan")
+    p.add_argument("--stack", required=True, help="strategy stack (reads Pulumi.yaml + Pulumi.<stack>.yaml)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--project-dir", default=".", type=Path, help="directory holding Pulumi.yaml (default: .)")
+    args = parser.parse_args(argv)
+
+    try:
+        plan = plan_stack(args.project_dir, args.stack)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(plan.as_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        _print_plan(plan)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,370 @@
+"""The settings of a gpu-serving stack, validated with pydantic before anything touches a host.
+
+Pulumi config keys (namespace ``gpu-serving``) map one-to-one to the models here:
+``host``, ``model``, ``strategy``, ``serving``, ``cuda``, ``venv``, ``readiness``. Field names
+are camelCase in YAML, as users write them. Per-field rules (types, ranges, safe characters)
+live here; rules that tie several settings together (world size, expert split, memory) live in
+`strategy` and `memory`.
+"""
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from .errors import ConfigError, SettingError
+from .profiles import PROFILES
+
+NAMESPACE = "gpu-serving"
+
+# Characters allowed in anything that ends up on a command line or in a unit file. Paths,
+# names and flag values never need shell or systemd metacharacters; refusing them here is what
+# lets the renderers and the remote layer stay simple and safe.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:,+@=-]+$")
+SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+-]*$")
+SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SAFE_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./:-]{0,127}$")
+FLAG = re.compile(r"^--[a-z0-9]+(?:-[a-z0-9]+)*(?:=[A-Za-z0-9_./:,+@=-]+)?$")
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+HOST_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|rsa-sha2-(256|512)) [A-Za-z0-9+/]+={0,2}$")
+PIP_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+$")
+CUDA_VERSION = re.compile(r"^\d{1,2}\.\d{1,2}$")
+
+# moe_a2a_backend values for which SGLang overwrites ep_size with tp_size
+# (server_args.py, _handle_a2a_moe); "none" keeps the declared ep_size.
+A2A_BACKENDS = ("deepep", "deepep_v2", "mooncake", "nixl", "mori", "pplx", "flashinfer", "megamoe", "ascend_fuseep")
+ATTENTION_BACKENDS = (
+    "triton", "torch_native", "flex_attention", "fa3", "fa4", "flashinfer", "flashmla",
+    "cutlass_mla", "trtllm_mla", "cutedsl_mla", "trtllm_mha", "aiter",
+)
+GRAMMAR_BACKENDS = ("xgrammar", "outlines", "llguidance", "none")
+
+
+def _matching(pattern: re.Pattern | str, what: str):
+    """A str type that must match `pattern`; the error says what was expected."""
+    pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
+
+    def check(value: str) -> str:
+        if not pattern.match(value):
+            raise ValueError(f"{value!r} is not a valid {what}")
+        return value
+    return Annotated[str, AfterValidator(check)]
+
+
+Name = _matching(SAFE_NAME, "name (letters, digits, . _ -)")
+AbsPath = _matching(SAFE_PATH, "absolute path without spaces, quotes or shell characters")
+
+
+class Settings(BaseModel):
+    """Base: camelCase keys as users write them, unknown keys refused (a typo is an error)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True,
+        strict=False,
+    )
+
+
+class HostSettings(Settings):
+    # No address means the local rehearsal host named by `rehearsal` (python -m rehearsal up).
+    address: Optional[str] = None
+    rehearsal: Name = "default"
+    port: int = Field(22, ge=1, le=65535)
+    user: _matching(r"^[a-z_][a-z0-9_-]{0,31}$", "user name") = "root"
+    gpu_count: int = Field(8, ge=1, le=64)
+    gpu_memory_gb: float = Field(96, gt=0, le=1024)
+    gpu_model: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    interconnect: Literal["pcie", "nvlink"] = "pcie"
+    # The pinned SSH host key ("ssh-ed25519 AAAA..."); required for a real host.
+    host_key: Optional[_matching(HOST_KEY, "SSH public host key (\"ssh-ed25519 AAAA...\")")] = None
+    # Path on the operator's machine to the private key, when it is not given as the
+    # secret `gpu-serving:sshPrivateKey`.
+    private_key_path: Optional[_matching(r"^[~/][A-Za-z0-9_./+-]*$", "key file path")] = None
+    connect_timeout_seconds: float = Field(15, gt=0, le=300)
+    command_timeout_seconds: float = Field(600, gt=0, le=7200)
+
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v):
+        if v is None:
+            return v
+        try:
+            ipaddress.ip_address(v)
+            return v
+        except ValueError:
+            pass
+        if not HOSTNAME.match(v):
+            raise ValueError(f"{v!r} is neither an IP address nor a host name")
+        return v
+
+
+    @property
+    def is_rehearsal(self) -> bool:
+        return self.address is None
+
+
+class ModelSettings(Settings):
+    profile: Optional[str] = None
+    name: Name
+    path: Optional[AbsPath] = None  # default /models/<name>
+    served_name: Optional[_matching(SAFE_SERVED_NAME, "served model name (letters, digits, . _ - / :)")] = None
+    num_layers: int = Field(ge=1, le=1000)
+    num_experts: int = Field(ge=0, le=100000)  # 0 = dense model
+    moe_intermediate_size: int = Field(ge=0)
+    kv_lora_rank: int = Field(ge=0)  # 0 = not MLA
+    qk_rope_head_dim: int = Field(ge=0)
+    kv_dtype_bytes: float = Field(2, gt=0, le=4)
+    weights_gb: float = Field(gt=0)
+    attention_weights_gb: float = Field(0, ge=0)
+    # For non-MLA models: KV bytes per token per layer before TP split (2 x heads x dim x bytes).
+    kv_bytes_per_token_per_layer: Optional[int] = Field(None, gt=0)
+
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_profile(cls, data: Any):
+        if isinstance(data, dict) and data.get("profile") is not None:
+            profile = data["profile"]
+            if profile not in PROFILES:
+                raise ValueError(f"unknown profile {profile!r}; built-in profiles: {', '.join(sorted(PROFILES))}")
+            data = {**PROFILES[profile], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _defaults(self):
+        if self.path is None:
+            object.__setattr__(self, "path", f"/models/{self.name}")
+        if self.served_name is None:
+            object.__setattr__(self, "served_name", self.name)
+        return self
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+
+class StrategySettings(Settings):
+    # Defaults to the stack name (tp8, pp8, ep8, ...): it names the unit.
+    name: Optional[_matching(r"^[a-z0-9][a-z0-9_-]{0,31}$", "strategy name (lower-case letters, digits, _ -)")] = None
+    tp_size: int = Field(1, ge=1, le=64)
+    pp_size: int = Field(1, ge=1, le=64)
+    ep_size: int = Field(1, ge=1, le=64)
+    dp_size: int = Field(1, ge=1, le=64)
+    enable_dp_attention: bool = False
+    # to_camel would spell it moeA2ABackend; users write moeA2aBackend.
+    moe_a2a_backend: Literal["none", *A2A_BACKENDS] = Field("none", alias="moeA2aBackend")
+
+
+
+class ServingSettings(Settings):
+    port: int = Field(30001, ge=1024, le=65535)
+    host: str = "0.0.0.0"
+    mem_fraction_static: float = Field(0.88, gt=0, lt=1)
+    context_length: int = Field(32768, ge=1, le=10_000_000)
+    max_running_requests: Optional[int] = Field(64, ge=1, le=100_000)
+    attention_backend: Optional[Literal[ATTENTION_BACKENDS]] = "triton"
+    grammar_backend: Optional[Literal[GRAMMAR_BACKENDS]] = "none"
+    trust_remote_code: bool = True
+    speculative_algorithm: Optional[Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]] = None
+    extra_args: list[str] = Field(default_factory=list)
+    # Written once, to the shared EnvironmentFile of every strategy unit of this model.
+    environment: dict[str, str] = Field(default_factory=dict)
+    unit_prefix: _matching(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", "unit name prefix (letters, digits, . _ -)") = "sglang"
+    environment_dir: AbsPath = "/etc/gpu-serving"
+    # Strategy units this one must never run beside (systemd Conflicts=). Default: every
+    # strategy that has a Pulumi.<strategy>.yaml in the project.
+    conflicts_with: Optional[list[Name]] = None
+    restart_sec: int = Field(30, ge=1, le=3600)
+    timeout_start_sec: int = Field(3600, ge=60, le=86400)
+
+    @field_validator("host")
+    @classmethod
+    def _bind(cls, v):
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address to bind (use 0.0.0.0 or 127.0.0.1)") from None
+        return v
+
+    @field_validator("environment", mode="before")
+    @classmethod
+    def _env_to_str(cls, v):
+        # YAML turns NCCL_IB_DISABLE: 1 into an int; the environment is text.
+        if isinstance(v, dict):
+            return {k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x for k, x in v.items()}
+        return v
+
+    @field_validator("environment")
+    @classmethod
+    def _env(cls, v: dict[str, str]):
+        for key, value in v.items():
+            if not ENV_KEY.match(key):
+                raise ValueError(f"environment key {key!r} is not a valid variable name")
+            if any(c in value for c in "\n\r\0\"\\$`'"):
+                raise ValueError(f"environment {key}: value contains a newline, quote, backslash, $ or backtick")
+        return v
+
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]):
+        for i, arg in enumerate(v):
+            if arg.startswith("-"):
+                if not FLAG.match(arg):
+                    raise ValueError(f"extraArgs[{i}] {arg!r} is not a --long-flag (lower-case, digits, dashes)")
+            elif not SAFE_VALUE.match(arg):
+                raise ValueError(f"extraArgs[{i}] {arg!r} contains characters that are not allowed (spaces, quotes, shell or systemd metacharacters)")
+        return v
+
+
+class CudaSettings(Settings):
+    version: _matching(CUDA_VERSION, "CUDA version like 13.0") = "13.0"
+    home: Optional[AbsPath] = None  # default /usr/local/cuda-<version>
+    # apt: NVIDIA's apt repository (pinned keyring); verify: the host comes with CUDA, only check it.
+    install: Literal["apt", "verify"] = "apt"
+    apt_package: Optional[_matching(r"^[a-z0-9][a-z0-9.+-]+(=[A-Za-z0-9.+~:-]+)?$", "Debian package name")] = None  # default cuda-toolkit-<major>-<minor>
+    apt_repository: Optional[str] = None  # "deb [signed-by=...] URL /" line; default NVIDIA's
+    keyring_sha256: Optional[_matching(r"^[0-9a-f]{64}$", "sha256 hex digest")] = None
+
+
+    @model_validator(mode="after")
+    def _defaults(self):
+        if self.home is None:
+            object.__setattr__(self, "home", f"/usr/local/cuda-{self.version}")
+        if self.apt_package is None:
+            object.__setattr__(self, "apt_package", "cuda-toolkit-" + self.version.replace(".", "-"))
+        return self
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+
+class VenvSettings(Settings):
+    path: AbsPath = "/root/venv_sglang211"
+    python: _matching(r"^3\.\d{1,2}$", "Python version like 3.11") = "3.11"
+    # Pinned pip requirements ("name==version"); an unpinned one would make `up` non-repeatable.
+    packages: list[str] = Field(default_factory=lambda: ["sglang[all]==0.5.23"])
+    # Local directory of wheels pushed to the host and installed with --no-index (offline
+    # hosts); "rehearsal" builds the rehearsal engine's wheel.
+    wheelhouse: Optional[str] = None
+
+
+    @field_validator("packages")
+    @classmethod
+    def _pins(cls, v):
+        for i, spec in enumerate(v):
+            if not PIP_SPEC.match(spec):
+                raise ValueError(f"packages[{i}] {spec!r} must be pinned as name==version")
+        if not v:
+            raise ValueError("at least one package (the serving engine) is needed")
+        return v
+
+
+class ReadinessSettings(Settings):
+    # A 590 GB checkpoint takes many minutes to load; the deadline covers load + warmup.
+    timeout_seconds: float = Field(3600, gt=0, le=86400)
+    poll_initial_seconds: float = Field(2, gt=0, le=600)
+    poll_max_seconds: float = Field(30, gt=0, le=600)
+    generation_timeout_seconds: float = Field(60, gt=0, le=3600)
+    # Once ready, the unit must stay up this long (catches crash-loops right after ready).
+    settle_seconds: float = Field(3, ge=0, le=600)
+
+
+class StackSettings(BaseModel):
+    """Everything one strategy stack declares."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stack: str
+    host: HostSettings
+    model: ModelSettings
+    strategy: StrategySettings
+    serving: ServingSettings
+    cuda: CudaSettings
+    venv: VenvSettings
+    readiness: ReadinessSettings
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy.name or self.stack
+
+
+SECTIONS = {
+    "host": HostSettings,
+    "model": ModelSettings,
+    "strategy": StrategySettings,
+    "serving": ServingSettings,
+    "cuda": CudaSettings,
+    "venv": VenvSettings,
+    "readiness": ReadinessSettings,
+}
+# Settings given as their own (secret) config keys rather than inside a section.
+SECRET_KEYS = ("sshPrivateKey", "hfToken")
+
+
+def _loc(section: str, loc: tuple) -> str:
+    path = f"{NAMESPACE}:{section}"
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def _suggest(section: str, key: str) -> str:
+    import difflib
+    fields = [f.alias or n for n, f in SECTIONS[section].model_fields.items()]
+    close = difflib.get_close_matches(key, fields, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
+
+
+def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
+    """Validate a stack's raw config (keys without the namespace, e.g. ``{"strategy": {...}}``).
+
+    Raises `ConfigError` listing every problem, each naming the setting.
+    """
+    errors: list[SettingError] = []
+    sections: dict[str, Any] = {}
+    for key in config:
+        if key not in SECTIONS and key not in SECRET_KEYS:
+            import difflib
+            close = difflib.get_close_matches(key, list(SECTIONS) + list(SECRET_KEYS), n=1)
+            errors.append(SettingError(f"{NAMESPACE}:{key}", "unknown setting",
+                                       f"did you mean {NAMESPACE}:{close[0]}?" if close else
+                                       f"settings are {', '.join(NAMESPACE + ':' + s for s in SECTIONS)}"))
+    for section, cls in SECTIONS.items():
+        raw = config.get(section)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            errors.append(SettingError(f"{NAMESPACE}:{section}", f"must be an object of settings, got {type(raw).__name__}"))
+            continue
+        if section == "model" and "name" not in raw and "profile" not in raw:
+            errors.append(SettingError(f"{NAMESPACE}:model", "names no model",
+                                       f"set profile (one of {', '.join(sorted(PROFILES))}) or name plus the architecture numbers"))
+            continue
+        try:
+            sections[section] = cls.model_validate(raw)
+        except ValidationError as exc:
+            for err in exc.errors():
+                loc = tuple(err["loc"])
+                if err["type"] == "extra_forbidden":
+                    errors.append(SettingError(_loc(section, loc), "unknown key", _suggest(section, str(loc[-1]))))
+                elif err["type"] == "missing":
+                    errors.append(SettingError(_loc(section, loc), "is required", "set it in the stack file or pick a model profile" if section == "model" else ""))
+                else:
+                    msg = err["msg"].removeprefix("Value error, ")
+                    errors.append(SettingError(_loc(section, loc), msg))
+    if errors:
+        raise ConfigError(errors, f"stack {stack}")
+    return StackSettings(stack=stack, **sections)

@@ -1,0 +1,144 @@
+"""A strategy's serving plan: validated settings, resolved layout, memory plan, rendered unit.
+
+`load_stack_config` reads Pulumi.yaml and Pulumi.<stack>.yaml the way Pulumi does (project
+values first, a stack value replaces the project value of the same key), so
+``python -m components plan`` shows offline exactly what ``pulumi preview`` will deploy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import NAMESPACE, StackSettings, parse_settings
+from .errors import ConfigError, SettingError
+from .memory import MemoryPlan, plan_memory
+from .strategy import Layout, check_strategy, layout_of
+from .unit import RenderedUnit, environment, render_environment, render_unit
+
+# Keys of the long form of a project-level config value in Pulumi.yaml.
+_SCHEMA_KEYS = {"type", "description", "default", "value", "secret", "items"}
+
+
+@dataclass(frozen=True)
+class ServingPlan:
+    settings: StackSettings
+    layout: Layout
+    memory: MemoryPlan
+    unit: RenderedUnit
+    environment: dict[str, str]
+    environment_text: str
+    siblings: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    def as_dict(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "stack": s.stack,
+            "strategy": s.strategy_name,
+            "model": {"name": s.model.name, "path": s.model.path, "served_name": s.model.served_name},
+            "host": {"address": s.host.address or f"rehearsal:{s.host.rehearsal}", "gpu_count": s.host.gpu_count,
+                     "gpu_memory_gb": s.host.gpu_memory_gb, "interconnect": s.host.interconnect},
+            "layout": {"tp_size": self.layout.tp_size, "pp_size": self.layout.pp_size, "ep_size": self.layout.ep_size,
+                       "dp_size": self.layout.dp_size, "enable_dp_attention": self.layout.enable_dp_attention,
+                       "moe_a2a_backend": self.layout.moe_a2a_backend, "moe_tp_size": self.layout.moe_tp_size,
+                       "attn_tp_size": self.layout.attn_tp_size},
+            "world_size": self.world_size,
+            "memory": self.memory.as_dict(),
+            "unit_name": self.unit.name,
+            "conflicts": self.unit.conflicts,
+            "exec_start": self.unit.exec_start,
+            "environment_path": self.unit.environment_path,
+            "environment": self.environment,
+            "unit_text": self.unit.text,
+            "environment_text": self.environment_text,
+            "warnings": self.warnings,
+        }
+
+
+def build_plan(settings: StackSettings, siblings: list[str]) -> ServingPlan:
+    """Check every rule and render; raises `ConfigError` with all problems found."""
+    errors: list[SettingError] = check_strategy(settings)
+    memory, memory_errors = plan_memory(settings)
+    errors += memory_errors
+    if errors:
+        raise ConfigError(errors, f"stack {settings.stack}")
+    configured = settings.serving.conflicts_with
+    siblings = sorted(set(configured if configured is not None else siblings) - {settings.strategy_name})
+    env = environment(settings)
+    return ServingPlan(
+        settings=settings,
+        layout=layout_of(settings),
+        memory=memory,
+        unit=render_unit(settings, siblings),
+        environment=env,
+        environment_text=render_environment(env),
+        siblings=siblings,
+        warnings=list(memory.warnings),
+    )
+
+
+def _strip_namespace(config: dict[str, Any], source: str) -> dict[str, Any]:
+    out = {}
+    for key, value in (config or {}).items():
+        ns, _, name = key.rpartition(":")
+        if ns and ns != NAMESPACE:
+            continue  # another package's setting (e.g. pulumi:...)
+        out[name] = value
+    return out
+
+
+def _project_values(config: dict[str, Any]) -> dict[str, Any]:
+    values = {}
+    for key, spec in (config or {}).items():
+        if isinstance(spec, dict) and set(spec) <= _SCHEMA_KEYS:
+            if "value" in spec:
+                values[key] = spec["value"]
+            elif "default" in spec:
+                values[key] = spec["default"]
+        else:
+            values[key] = spec
+    return values
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError([SettingError(path.name, f"is not valid YAML: {exc}")]) from None
+    if not isinstance(data, dict):
+        raise ConfigError([SettingError(path.name, "must be a YAML mapping")])
+    return data
+
+
+def stack_names(project_dir: Path) -> list[str]:
+    """Strategies of this project: one per Pulumi.<stack>.yaml file."""
+    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project_dir).glob("Pulumi.*.yaml"))
+
+
+def load_stack_config(project_dir: Path, stack: str) -> dict[str, Any]:
+    project_dir = Path(project_dir)
+    project_file = project_dir / "Pulumi.yaml"
+    stack_file = project_dir / f"Pulumi.{stack}.yaml"
+    if not project_file.exists():
+        raise ConfigError([SettingError("Pulumi.yaml", f"not found in {project_dir}")])
+    if not stack_file.exists():
+        known = ", ".join(stack_names(project_dir)) or "none"
+        raise ConfigError([SettingError(f"--stack {stack}", f"no Pulumi.{stack}.yaml in {project_dir}", f"known stacks: {known}")])
+    project = _project_values(_read_yaml(project_file).get("config") or {})
+    stack_values = (_read_yaml(stack_file).get("config") or {})
+    merged = {**_strip_namespace(project, "Pulumi.yaml"), **_strip_namespace(stack_values, stack_file.name)}
+    return merged
+
+
+def plan_stack(project_dir: Path, stack: str) -> ServingPlan:
+    raw = load_stack_config(project_dir, stack)
+    # Secrets are not needed for a plan (and are encrypted in stack files).
+    settings = parse_settings(stack, raw)
+    return build_plan(settings, stack_names(project_dir))

@@ -1,0 +1,203 @@
+"""SGLang's parallelism rules, checked before anything touches a host.
+
+The rules follow SGLang's own code (notes/sglang.md): server_args.py decides the world size
+and rewrites some sizes, parallel_state.py refuses a world size that does not match, FusedMoE
+asserts the expert split. Where SGLang silently rewrites a setting (dp_size 1 turning DP
+attention off, an all-to-all backend overwriting ep_size) we refuse instead: the unit must run
+exactly the layout the stack file declares, or readiness could never confirm it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import A2A_BACKENDS, NAMESPACE, StackSettings
+from .errors import SettingError
+
+S = f"{NAMESPACE}:strategy"
+SERVING = f"{NAMESPACE}:serving"
+
+# Flags SGLang's newest parser rejects (the old MoE switches) and what replaces them.
+DEPRECATED_FLAGS = {
+    "--enable-ep-moe": "set strategy.epSize instead",
+    "--enable-deepep-moe": "set strategy.moeA2aBackend: deepep instead",
+}
+# Prefixes that argparse cannot resolve to one flag (--pp matches --pp-size, --pp-max-micro-batch-size, ...).
+AMBIGUOUS_FLAGS = {"--pp": "--pp-size (strategy.ppSize)"}
+# Flags gpu-serving writes itself from a setting: giving them in extraArgs would write a flag
+# twice and hide the declared layout.
+OWNED_FLAGS = {
+    "--model-path": "model.path", "--model": "model.path",
+    "--served-model-name": "model.servedName",
+    "--tp-size": "strategy.tpSize", "--tensor-parallel-size": "strategy.tpSize", "--tp": "strategy.tpSize",
+    "--pp-size": "strategy.ppSize", "--pipeline-parallel-size": "strategy.ppSize",
+    "--dp-size": "strategy.dpSize", "--data-parallel-size": "strategy.dpSize", "--dp": "strategy.dpSize",
+    "--ep-size": "strategy.epSize", "--expert-parallel-size": "strategy.epSize", "--ep": "strategy.epSize",
+    "--enable-dp-attention": "strategy.enableDpAttention",
+    "--moe-a2a-backend": "strategy.moeA2aBackend",
+    "--host": "serving.host", "--port": "serving.port",
+    "--mem-fraction-static": "serving.memFractionStatic",
+    "--context-length": "serving.contextLength",
+    "--max-running-requests": "serving.maxRunningRequests",
+    "--attention-backend": "serving.attentionBackend",
+    "--grammar-backend": "serving.grammarBackend",
+    "--trust-remote-code": "serving.trustRemoteCode",
+    "--speculative-algorithm": "serving.speculativeAlgorithm",
+    "--nnodes": "(multi-node is not supported by this program yet)",
+    "--node-rank": "(multi-node is not supported by this program yet)",
+    "--dist-init-addr": "(multi-node is not supported by this program yet)",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The layout SGLang will resolve from the declared sizes."""
+
+    tp_size: int
+    pp_size: int
+    ep_size: int
+    dp_size: int
+    enable_dp_attention: bool
+    moe_a2a_backend: str
+
+    @property
+    def world_size(self) -> int:
+        # compute_world_size: DP attention splits attention inside the TP group, so it adds no
+        # GPUs; plain DP runs dp_size full replicas.
+        return (1 if self.enable_dp_attention else self.dp_size) * self.tp_size * self.pp_size
+
+    @property
+    def moe_tp_size(self) -> int:
+        return self.tp_size // self.ep_size if self.ep_size and self.tp_size % self.ep_size == 0 else 0
+
+    @property
+    def attn_tp_size(self) -> int:
+        if self.enable_dp_attention and self.dp_size and self.tp_size % self.dp_size == 0:
+            return self.tp_size // self.dp_size
+        return self.tp_size
+
+    def describe(self) -> str:
+        parts = [f"tp {self.tp_size}", f"pp {self.pp_size}", f"ep {self.ep_size}", f"dp {self.dp_size}"]
+        if self.enable_dp_attention:
+            parts.append("dp-attention")
+        if self.moe_a2a_backend != "none":
+            parts.append(f"a2a {self.moe_a2a_backend}")
+        return ", ".join(parts)
+
+
+def layout_of(settings: StackSettings) -> Layout:
+    s = settings.strategy
+    return Layout(s.tp_size, s.pp_size, s.ep_size, s.dp_size, s.enable_dp_attention, s.moe_a2a_backend)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _world_size_hint(gpus: int, layout: Layout) -> str:
+    if layout.ep_size > 1 and layout.ep_size == gpus and layout.tp_size < gpus:
+        return (f"EP subdivides the TP group; for EP{gpus} on {gpus} GPUs use tpSize {gpus}, epSize {gpus}")
+    options = [f"tpSize {gpus}", f"ppSize {gpus}"]
+    if gpus % 2 == 0 and gpus > 2:
+        options.append(f"tpSize {gpus // 2}, ppSize 2")
+    return "for " + str(gpus) + " GPUs use e.g. " + " or ".join(options)
+
+
+def check_strategy(settings: StackSettings) -> list[SettingError]:
+    """Every rule SGLang applies to the parallel sizes, as `SettingError`s (empty = valid)."""
+    errors: list[SettingError] = []
+    L = layout_of(settings)
+    gpus = settings.host.gpu_count
+    model = settings.model
+
+    # DP attention first: it changes what the world size means.
+    if L.enable_dp_attention:
+        if L.dp_size <= 1:
+            errors.append(SettingError(
+                f"{S}.enableDpAttention", "DP attention needs dpSize > 1 (SGLang silently turns it off at dpSize 1)",
+                f"set dpSize: {L.tp_size} for attention data-parallel on every GPU, or enableDpAttention: false"))
+        elif L.tp_size % L.dp_size != 0:
+            ok = [d for d in _divisors(L.tp_size) if d > 1]
+            errors.append(SettingError(
+                f"{S}.dpSize", f"with DP attention dpSize must divide tpSize ({L.tp_size} % {L.dp_size} != 0)",
+                f"use dpSize one of {ok}"))
+
+    if L.world_size != gpus:
+        formula = (f"tp {L.tp_size} x pp {L.pp_size}" if L.enable_dp_attention
+                   else f"dp {L.dp_size} x tp {L.tp_size} x pp {L.pp_size}")
+        errors.append(SettingError(
+            S, f"world size {formula} = {L.world_size} must equal host.gpuCount {gpus} (one rank per GPU)",
+            _world_size_hint(gpus, L)))
+
+    if L.tp_size % L.ep_size != 0:
+        ok = [d for d in _divisors(L.tp_size)]
+        errors.append(SettingError(
+            f"{S}.epSize", f"epSize {L.ep_size} must divide tpSize {L.tp_size} (experts are split inside the TP group: moe_tp = tp / ep)",
+            f"use epSize one of {ok}" + (f", or tpSize {L.ep_size}, epSize {L.ep_size}" if L.ep_size <= gpus else "")))
+    elif model.num_experts > 0:
+        if model.num_experts % L.ep_size != 0:
+            ok = [d for d in _divisors(L.tp_size) if model.num_experts % d == 0]
+            errors.append(SettingError(
+                f"{S}.epSize", f"{model.name} has {model.num_experts} experts, not divisible by epSize {L.ep_size}",
+                f"use epSize one of {ok}"))
+        moe_tp = L.tp_size // L.ep_size
+        if model.moe_intermediate_size % moe_tp != 0:
+            ok = [d for d in _divisors(L.tp_size) if model.moe_intermediate_size % (L.tp_size // d) == 0]
+            errors.append(SettingError(
+                f"{S}.epSize", f"moe_intermediate_size {model.moe_intermediate_size} is not divisible by the MoE TP size tp/ep = {moe_tp}",
+                f"use epSize one of {ok}"))
+    elif L.ep_size > 1:
+        errors.append(SettingError(f"{S}.epSize", f"{model.name} is a dense model (numExperts 0); expert parallelism does not apply",
+                                   "use epSize: 1"))
+
+    if L.moe_a2a_backend in A2A_BACKENDS:
+        if L.ep_size != L.tp_size:
+            errors.append(SettingError(
+                f"{S}.epSize", f"moeA2aBackend {L.moe_a2a_backend} makes SGLang overwrite ep_size with tp_size ({L.tp_size}); refusing rather than normalising so the declared layout is the one that runs",
+                f"set epSize: {L.tp_size}"))
+        if L.moe_a2a_backend == "flashinfer" and not (L.enable_dp_attention and L.dp_size == L.tp_size):
+            errors.append(SettingError(
+                f"{S}.moeA2aBackend", "the flashinfer all-to-all backend needs DP attention with dpSize == tpSize",
+                f"set enableDpAttention: true, dpSize: {L.tp_size}"))
+        if L.moe_a2a_backend == "pplx" and not (L.enable_dp_attention and L.dp_size >= 2):
+            errors.append(SettingError(
+                f"{S}.moeA2aBackend", "the pplx all-to-all backend needs DP attention with dpSize >= 2",
+                f"set enableDpAttention: true, dpSize: {L.tp_size}"))
+
+    if L.pp_size > 1:
+        if L.pp_size > model.num_layers:
+            errors.append(SettingError(f"{S}.ppSize", f"ppSize {L.pp_size} exceeds the model's {model.num_layers} layers",
+                                       f"use ppSize <= {model.num_layers}"))
+        spec = settings.serving.speculative_algorithm or _flag_value(settings.serving.extra_args, "--speculative-algorithm")
+        if spec:
+            errors.append(SettingError(
+                f"{SERVING}.speculativeAlgorithm", f"pipeline parallelism (ppSize {L.pp_size}) cannot run speculative decoding ({spec})",
+                "remove speculativeAlgorithm, or use ppSize: 1"))
+
+    errors += check_extra_args(settings.serving.extra_args)
+    return errors
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag:
+            return args[i + 1] if i + 1 < len(args) else ""
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def check_extra_args(args: list[str]) -> list[SettingError]:
+    errors = []
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        flag = arg.split("=", 1)[0]
+        where = f"{SERVING}.extraArgs[{i}]"
+        if flag in DEPRECATED_FLAGS:
+            errors.append(SettingError(where, f"{flag} is deprecated and rejected by SGLang's parser", DEPRECATED_FLAGS[flag]))
+        elif flag in AMBIGUOUS_FLAGS:
+            errors.append(SettingError(where, f"{flag} is an ambiguous abbreviation (argparse refuses it)", f"use {AMBIGUOUS_FLAGS[flag]}"))
+        elif flag in OWNED_FLAGS:
+            errors.append(SettingError(where, f"{flag} is written by gpu-serving from a setting; giving it twice would hide the declared value",
+                                       f"set {OWNED_FLAGS[flag]} instead" if not OWNED_FLAGS[flag].startswith("(") else OWNED_FLAGS[flag].strip("()")))
+    return errors

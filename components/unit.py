@@ -1,0 +1,163 @@
+"""Rendering of the systemd units and the shared environment file.
+
+One unit per strategy (``sglang-<model>-<strategy>.service``), one EnvironmentFile per model
+shared by all its strategy units, so no variable is written twice. Output is deterministic
+(same settings, same bytes): the text is a Pulumi input, and a stable text is what makes the
+preview diff show only real changes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .config import StackSettings
+
+# Values that systemd's command-line splitting passes through untouched.
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@=-]+$")
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argv element for an ExecStart= line.
+
+    Validation already limits arguments to plain characters; this keeps rendering correct for
+    anything else: systemd splits on whitespace, honours double quotes and backslashes, expands
+    ``$VAR`` and ``%`` specifiers, so those are escaped.
+    """
+    if _PLAIN.match(arg):
+        return arg
+    escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    return f'"{escaped}"'
+
+
+def unit_name(settings: StackSettings, strategy: str | None = None) -> str:
+    return f"{settings.serving.unit_prefix}-{settings.model.name}-{strategy or settings.strategy_name}.service"
+
+
+def environment_path(settings: StackSettings) -> str:
+    return f"{settings.serving.environment_dir}/{settings.model.name}.env"
+
+
+def environment(settings: StackSettings) -> dict[str, str]:
+    """The shared environment of every strategy unit of this model (without secrets).
+
+    Derived paths come first; a key the user sets in ``serving.environment`` replaces the
+    derived value rather than being written a second time.
+    """
+    cuda, venv = settings.cuda, settings.venv
+    site = f"{venv.path}/lib/python{venv.python}/site-packages"
+    derived = {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(settings.host.gpu_count)),
+        "CUDA_HOME": cuda.home,
+        "PATH": f"{venv.path}/bin:{cuda.home}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        # The CUDA runtime SGLang's wheels bring (nvidia/cu13) first, then the toolkit's.
+        "LD_LIBRARY_PATH": f"{site}/nvidia/cu{cuda.major}/lib:{cuda.home}/lib64",
+    }
+    merged = {**derived, **settings.serving.environment}
+    return dict(sorted(merged.items()))
+
+
+def render_environment(env: dict[str, str], secrets: dict[str, str] | None = None) -> str:
+    """EnvironmentFile text. Secret values (e.g. HF_TOKEN) are added here and only here; the
+    file is written 0600 on the host."""
+    lines = ["# Managed by gpu-serving: shared by every strategy unit of this model.",
+             "# Hand edits are drift (pulumi preview --refresh --expect-no-changes shows them)."]
+    for key, value in {**env, **(secrets or {})}.items():
+        lines.append(f'{key}="{value}"' if value == "" or not _PLAIN.match(value) else f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+def exec_start(settings: StackSettings) -> list[str]:
+    """The argv of ExecStart: the engine with canonical ``--*-size`` flags and every setting."""
+    s, m, v = settings.serving, settings.model, settings.strategy
+    argv = [f"{settings.venv.path}/bin/python", "-m", "sglang.launch_server",
+            "--model-path", m.path, "--served-model-name", m.served_name,
+            "--tp-size", str(v.tp_size), "--pp-size", str(v.pp_size),
+            "--ep-size", str(v.ep_size), "--dp-size", str(v.dp_size)]
+    if v.enable_dp_attention:
+        argv.append("--enable-dp-attention")
+    if v.moe_a2a_backend != "none":
+        argv += ["--moe-a2a-backend", v.moe_a2a_backend]
+    argv += ["--mem-fraction-static", f"{s.mem_fraction_static:g}", "--context-length", str(s.context_length)]
+    if s.max_running_requests is not None:
+        argv += ["--max-running-requests", str(s.max_running_requests)]
+    if s.attention_backend:
+        argv += ["--attention-backend", s.attention_backend]
+    if s.grammar_backend:
+        argv += ["--grammar-backend", s.grammar_backend]
+    if s.trust_remote_code:
+        argv.append("--trust-remote-code")
+    if s.speculative_algorithm:
+        argv += ["--speculative-algorithm", s.speculative_algorithm]
+    argv += ["--host", s.host, "--port", str(s.port)]
+    argv += list(s.extra_args)
+    return argv
+
+
+def _exec_lines(argv: list[str]) -> list[str]:
+    """ExecStart split one flag per line (systemd joins backslash-continued lines), so a preview
+    diff between two strategies shows exactly the flags that change."""
+    head = " ".join(systemd_quote(a) for a in argv[:3])
+    groups: list[list[str]] = []
+    for arg in argv[3:]:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    lines = [f"ExecStart={head}"]
+    lines += ["    " + " ".join(systemd_quote(a) for a in g) for g in groups]
+    return [line + " \\" for line in lines[:-1]] + [lines[-1]]
+
+
+@dataclass(frozen=True)
+class RenderedUnit:
+    name: str
+    text: str
+    exec_start: list[str]
+    conflicts: list[str]
+    environment_path: str
+
+
+def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
+    """The strategy's unit file. `siblings` are the other strategies of this model (names like
+    ``tp8``); their units go into Conflicts= so starting this one stops them, and back."""
+    name = unit_name(settings)
+    conflicts = sorted({unit_name(settings, s) for s in siblings} - {name})
+    argv = exec_start(settings)
+    s = settings.serving
+    layout = settings.strategy
+    lines = [
+        f"# Managed by gpu-serving (stack {settings.stack}); hand edits are drift.",
+        "[Unit]",
+        f"Description=SGLang {settings.model.served_name} {settings.strategy_name} "
+        f"(tp {layout.tp_size}, pp {layout.pp_size}, ep {layout.ep_size}, dp {layout.dp_size}) on port {s.port}",
+        "After=network-online.target",
+        "Wants=network-online.target",
+    ]
+    if conflicts:
+        lines.append("Conflicts=" + " ".join(conflicts))
+    lines += [
+        # Three failed loads within an hour and systemd stops retrying: a model that cannot
+        # load should wait for an operator, not thrash the GPUs for ever.
+        "StartLimitIntervalSec=3600",
+        "StartLimitBurst=3",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"EnvironmentFile={environment_path(settings)}",
+        *_exec_lines(argv),
+        # A crash after a good start is restarted; a clean stop (a switch) is not.
+        "Restart=on-failure",
+        f"RestartSec={s.restart_sec}",
+        # Loading hundreds of GB of weights takes many minutes; readiness is judged by
+        # gpu-serving's ReadinessCheck, this only stops systemd from giving up first.
+        f"TimeoutStartSec={s.timeout_start_sec}",
+        # Releasing GPU memory and NCCL communicators takes a while.
+        "TimeoutStopSec=120",
+        "KillMode=control-group",
+        "LimitNOFILE=1048576",
+        "LimitMEMLOCK=infinity",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+    ]
+    return RenderedUnit(name, "\n".join(lines) + "\n", argv, conflicts, environment_path(settings))

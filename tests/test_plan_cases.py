@@ -1,0 +1,49 @@
+"""Strategy rules and memory plans, one JSON file a case (tests/data/strategy, tests/data/memory)."""
+import pytest
+
+from components.config import parse_settings
+from components.errors import ConfigError
+from components.memory import plan_memory
+from components.plan import build_plan
+
+from .casedata import case_config, cases
+
+SIBLINGS = ["tp8", "pp8", "ep8"]
+
+
+@pytest.mark.parametrize("name,case", cases("strategy"), ids=lambda x: x if isinstance(x, str) else "")
+def test_strategy_case(name, case):
+    config = case_config(case)
+    if case.get("valid"):
+        plan = build_plan(parse_settings(name, config), SIBLINGS)
+        assert plan.world_size == plan.settings.host.gpu_count
+        return
+    with pytest.raises(ConfigError) as info:
+        build_plan(parse_settings(name, config), SIBLINGS)
+    expected = case["error"]
+    matching = [e for e in info.value.errors if e.setting == expected["setting"]]
+    assert matching, f"no error names {expected['setting']}; got: {info.value}"
+    assert any(expected["contains"] in str(e) for e in matching), str(info.value)
+
+
+@pytest.mark.parametrize("name,case", cases("memory"), ids=lambda x: x if isinstance(x, str) else "")
+def test_memory_case(name, case):
+    plan, errors = plan_memory(parse_settings(name, case_config(case)))
+    assert not errors
+    expect = case["expect"]
+    for key, value in expect.items():
+        if key == "stage_layers":
+            assert [s.layers for s in plan.stages] == value
+        elif key == "warnings":
+            assert len(plan.warnings) == value, plan.warnings
+        else:
+            assert getattr(plan, key) == value, key
+
+
+def test_every_rule_has_a_passing_and_a_failing_case():
+    # Issue 2: each rule of point 3 has at least one valid and one invalid data file.
+    names = [name for name, _ in cases("strategy")]
+    for rule in ("world-size", "tp-ep", "experts", "moe-width", "dp-attention", "a2a", "spec-decoding", "extra-args", "memory"):
+        of_rule = [n for n in names if n.startswith(rule)]
+        assert any(n.endswith("-valid") for n in of_rule), rule
+        assert any(not n.endswith("-valid") for n in of_rule), rule

@@ -1,0 +1,62 @@
+"""`python -m components plan` as a user runs it: real subprocess, real stack files."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_plan(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "components", "plan", *args], cwd=cwd,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("stack,tp,pp,ep", [("tp8", 8, 1, 1), ("pp8", 1, 8, 1), ("ep8", 8, 1, 8)])
+def test_plan_json_for_shipped_stacks(stack, tp, pp, ep):
+    out = run_plan("--stack", stack, "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["world_size"] == 8
+    assert (plan["layout"]["tp_size"], plan["layout"]["pp_size"], plan["layout"]["ep_size"]) == (tp, pp, ep)
+    assert plan["unit_name"] == f"sglang-kimi-k2.6-{stack}.service"
+    assert isinstance(plan["exec_start"], list) and all(isinstance(a, str) for a in plan["exec_start"])
+    assert plan["exec_start"][plan["exec_start"].index("--tp-size") + 1] == str(tp)
+    assert plan["environment"]["NCCL_ALGO"] == "Ring"
+    assert set(plan["memory"]) >= {"weights_gb", "kv_pool_gb", "max_total_tokens", "kv_bytes_per_token", "stages"}
+
+
+def test_plan_text_output():
+    out = run_plan("--stack", "pp8")
+    assert out.returncode == 0, out.stderr
+    assert "world size 8 of 8 GPUs" in out.stdout
+    assert "stage 7: 8 layers" in out.stdout
+    assert "ExecStart=" in out.stdout
+
+
+def write_project(tmp_path, stack_yaml):
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text())
+    (tmp_path / "Pulumi.bad.yaml").write_text(stack_yaml)
+
+
+def test_invalid_stack_fails_with_named_setting_and_no_traceback(tmp_path):
+    write_project(tmp_path, "config:\n  gpu-serving:strategy:\n    tpSize: 1\n    epSize: 8\n")
+    out = run_plan("--stack", "bad", "--project-dir", str(tmp_path))
+    assert out.returncode == 2
+    assert out.stdout == ""
+    assert "Traceback" not in out.stderr
+    assert "gpu-serving:strategy" in out.stderr
+    assert "EP subdivides the TP group; for EP8 on 8 GPUs use tpSize 8, epSize 8" in out.stderr
+
+
+def test_invalid_yaml_is_a_clear_error(tmp_path):
+    write_project(tmp_path, "config: [unclosed\n")
+    out = run_plan("--stack", "bad", "--project-dir", str(tmp_path))
+    assert out.returncode == 2 and "Pulumi.bad.yaml" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_unknown_stack_lists_known_ones():
+    out = run_plan("--stack", "nope")
+    assert out.returncode == 2 and "known stacks: ep8, pp8, tp8" in out.stderr
