@@ -1,0 +1,215 @@
+"""Parsers of what a host says about itself, and the check of those facts against the stack.
+
+Pure functions over command output (tested with real captures under tests/data/facts/). The
+commands themselves are listed here too, so the remote layer reads every fact in one SSH
+round trip (`FACTS_SCRIPT`), the way pyinfra's facts pair a command with its parser.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+GPU_FIELDS = ["index", "uuid", "name", "memory.total", "driver_version", "pci.bus_id"]
+GPU_QUERY = ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class FactError(ValueError):
+    """Output that does not look like what the tool prints."""
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    memory_mib: int
+    uuid: str = ""
+    driver_version: str = ""
+    bus_id: str = ""
+
+
+def parse_query_gpu(text: str, fields: list[str] = GPU_FIELDS) -> list[Gpu]:
+    """``nvidia-smi --query-gpu=<fields> --format=csv,noheader,nounits``."""
+    gpus = []
+    for row in csv.reader(io.StringIO(text.strip()), skipinitialspace=True):
+        if not row:
+            continue
+        if len(row) != len(fields):
+            raise FactError(f"nvidia-smi --query-gpu: expected {len(fields)} columns, got {len(row)}: {row!r}")
+        values = dict(zip(fields, (v.strip() for v in row)))
+        try:
+            gpus.append(Gpu(index=int(values["index"]), name=values.get("name", ""),
+                            memory_mib=int(float(values["memory.total"])), uuid=values.get("uuid", ""),
+                            driver_version=values.get("driver_version", ""), bus_id=values.get("pci.bus_id", "")))
+        except (KeyError, ValueError) as exc:
+            raise FactError(f"nvidia-smi --query-gpu: unreadable row {row!r} ({exc})") from None
+    return gpus
+
+
+def parse_smi_header(text: str) -> dict[str, str]:
+    """Driver and CUDA (driver API) versions from the banner of plain ``nvidia-smi``."""
+    out = {}
+    m = re.search(r"Driver Version:\s*([0-9.]+)", text)
+    if m:
+        out["driver_version"] = m.group(1)
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", text)
+    if m:
+        out["cuda_version"] = m.group(1)
+    return out
+
+
+def parse_topo(text: str) -> dict[str, object]:
+    """``nvidia-smi topo -m``: the GPU-to-GPU link matrix and the interconnect it implies.
+
+    NV# means # bonded NVLinks; PIX/PXB/PHB/NODE/SYS are PCIe paths. A host is "nvlink" when
+    every GPU pair is linked by NVLink, "pcie" otherwise (a partial NVLink box is "mixed").
+    """
+    lines = [_ANSI.sub("", l).rstrip("\n") for l in text.splitlines()]
+    header = next((l for l in lines if l.strip().startswith("GPU0")), None)
+    if header is None:
+        raise FactError("nvidia-smi topo -m: no GPU header line")
+    columns = [c.strip() for c in header.strip().split("\t") if c.strip()]
+    gpu_cols = [c for c in columns if re.fullmatch(r"GPU\d+", c)]
+    links: dict[str, dict[str, str]] = {}
+    for line in lines:
+        cells = line.split("\t")
+        name = cells[0].strip()
+        if re.fullmatch(r"GPU\d+", name) and line is not header and len(cells) > len(gpu_cols):
+            links[name] = {gpu_cols[i]: cells[i + 1].strip() for i in range(len(gpu_cols))}
+    pairs = [links[a][b] for a in links for b in links[a] if a != b]
+    if not pairs:
+        kind = "single"
+    elif all(p.startswith("NV") for p in pairs):
+        kind = "nvlink"
+    elif any(p.startswith("NV") for p in pairs):
+        kind = "mixed"
+    else:
+        kind = "pcie"
+    return {"gpus": len(gpu_cols), "interconnect": kind, "links": links}
+
+
+def parse_nvcc(text: str) -> Optional[str]:
+    """Toolkit version ("13.0") from ``nvcc --version``; None when nvcc is absent."""
+    m = re.search(r"release (\d+\.\d+), V[0-9.]+", text)
+    return m.group(1) if m else None
+
+
+def parse_os_release(text: str) -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip()] = value.strip().strip('"')
+    return out
+
+
+def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
+    """``systemctl show -p A -p B unit1 unit2``: blocks separated by blank lines, one per unit,
+    keyed by each block's ``Id``. Only Exec* values span lines, and we never ask for those."""
+    units: dict[str, dict[str, str]] = {}
+    for block in re.split(r"\n\s*\n", text.strip()):
+        props = {}
+        for line in block.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                props[key] = value
+        if props:
+            units[props.get("Id", f"#{len(units)}")] = props
+    return units
+
+
+# One script, one SSH round trip for every fact. Markers split the sections; each command's
+# failure is part of the answer (no nvcc yet = no toolkit), not an error of the read.
+FACTS_SCRIPT = r"""
+echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
+echo '@@smi'; nvidia-smi 2>&1 | head -n 6
+echo '@@topo'; nvidia-smi topo -m 2>&1
+echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
+echo '@@os'; cat /etc/os-release
+echo '@@kernel'; uname -r
+""".replace("{query}", " ".join(GPU_QUERY[1:]))
+
+
+@dataclass
+class HostFacts:
+    gpus: list[Gpu]
+    driver_version: str
+    cuda_driver_version: str
+    interconnect: str
+    toolkit_version: Optional[str]
+    os: str
+    kernel: str
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["gpu_count"] = len(self.gpus)
+        d["gpu_memory_mib"] = min((g.memory_mib for g in self.gpus), default=0)
+        d["gpu_models"] = sorted({g.name for g in self.gpus})
+        return d
+
+
+def split_sections(text: str) -> dict[str, str]:
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("@@") and not line.startswith("@@rc="):
+            current = line[2:].strip()
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {k: "\n".join(v) for k, v in sections.items()}
+
+
+def parse_facts(text: str) -> HostFacts:
+    s = split_sections(text)
+    problems = []
+    query = s.get("query", "")
+    if "@@rc=" in query:
+        problems.append("nvidia-smi failed: " + query.split("@@rc=")[0].strip()[:200])
+        gpus = []
+    else:
+        gpus = parse_query_gpu(query)
+    header = parse_smi_header(s.get("smi", ""))
+    try:
+        topo = parse_topo(s.get("topo", "")) if gpus else {"interconnect": "unknown"}
+    except FactError as exc:
+        problems.append(str(exc))
+        topo = {"interconnect": "unknown"}
+    nvcc = s.get("nvcc", "")
+    osr = parse_os_release(s.get("os", ""))
+    return HostFacts(
+        gpus=gpus,
+        driver_version=header.get("driver_version", gpus[0].driver_version if gpus else ""),
+        cuda_driver_version=header.get("cuda_version", ""),
+        interconnect=str(topo["interconnect"]),
+        toolkit_version=None if "@@rc=" in nvcc else parse_nvcc(nvcc),
+        os=osr.get("PRETTY_NAME", ""),
+        kernel=s.get("kernel", "").strip(),
+        problems=problems,
+    )
+
+
+def check_facts(facts: HostFacts, *, gpu_count: int, gpu_memory_gb: float, interconnect: str,
+                needed_gpus: int) -> list[str]:
+    """Differences between what the stack declares and what the host has, as sentences that
+    say what to change. Empty when the host can run the strategy."""
+    out = list(facts.problems)
+    have = len(facts.gpus)
+    if have < needed_gpus:
+        out.append(f"the strategy needs {needed_gpus} GPUs but the host has {have}; use a layout with world size {have} or another host")
+    elif have != gpu_count:
+        out.append(f"host.gpuCount says {gpu_count} but the host has {have} GPUs; set gpuCount: {have}")
+    if facts.gpus:
+        smallest = min(g.memory_mib for g in facts.gpus) / 1024
+        # Vendors round: a "96 GB" card reports 95.6 GiB. More than 5% short is another card.
+        if smallest < gpu_memory_gb * 0.95:
+            out.append(f"host.gpuMemoryGb says {gpu_memory_gb:g} GB but the host's GPUs have {smallest:.1f} GB; "
+                       f"set gpuMemoryGb: {int(smallest)} (the memory plan depends on it)")
+    if interconnect == "nvlink" and facts.interconnect not in ("nvlink", "single"):
+        out.append(f"host.interconnect says nvlink but nvidia-smi topo -m shows {facts.interconnect}; set interconnect: pcie")
+    return out

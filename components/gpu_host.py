@@ -1,0 +1,81 @@
+"""GpuHost: how to reach the host (pinned key, secret private key) and what it has."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pulumi
+
+from .config import StackSettings
+from .resources import HostFacts
+
+REHEARSAL_RUN = Path("/run/gpu-serving/rehearsal")
+
+
+@dataclass
+class GpuHostArgs:
+    settings: StackSettings
+    # gpu-serving:sshPrivateKey (a Pulumi secret), when the key is not a file.
+    private_key: Optional[pulumi.Output[str]] = None
+
+
+def rehearsal_info(name: str) -> Optional[dict]:
+    path = REHEARSAL_RUN / name / "host.json"
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if info.get("state") == "running" and info.get("address") else None
+
+
+def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
+    """(the secret connection object the providers use, a label for messages)."""
+    h = args.settings.host
+    timeouts = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
+    if h.is_rehearsal:
+        info = rehearsal_info(h.rehearsal)
+        if info is None:
+            # Preview still works without the host; `up` stops with this sentence.
+            conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
+                    "unavailable": f"the rehearsal host {h.rehearsal!r} is not running: start it with "
+                                   f"`python -m rehearsal up {h.rehearsal}` (or set gpu-serving:host.address)", **timeouts}
+            return pulumi.Output.secret(conn), conn["host"]
+        key = Path(info["private_key"]).read_text()
+        conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
+                "privateKey": key, "hostKey": info["host_public_key"], **timeouts}
+        return pulumi.Output.secret(conn), f"rehearsal host {h.rehearsal} ({info['address']})"
+    if not h.host_key:
+        raise pulumi.RunError("gpu-serving:host.hostKey is required for a real host: pin its SSH host key "
+                              f"(ssh-keyscan -t ed25519 {h.address}), so nobody else can answer in its place")
+    if args.private_key is not None:
+        key_output = args.private_key
+    elif h.private_key_path:
+        key_output = pulumi.Output.secret(Path(h.private_key_path).expanduser().read_text())
+    else:
+        raise pulumi.RunError("no SSH key: set the secret gpu-serving:sshPrivateKey "
+                              "(pulumi config set --secret gpu-serving:sshPrivateKey < key) or host.privateKeyPath")
+    conn = pulumi.Output.secret(key_output).apply(lambda k: {
+        "host": h.address, "port": h.port, "user": h.user, "privateKey": k, "hostKey": h.host_key, **timeouts})
+    return conn, f"{h.user}@{h.address}:{h.port}"
+
+
+class GpuHost(pulumi.ComponentResource):
+    """The host: SSH connection and the facts read at deploy time (checked against the stack)."""
+
+    connection: pulumi.Output
+    facts: pulumi.Output[dict]
+
+    def __init__(self, name: str, args: GpuHostArgs, needed_gpus: int, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpu-serving:index:GpuHost", name, {}, opts)
+        s = args.settings
+        self.connection, self.label = connection_of(args)
+        self.facts_resource = HostFacts(f"{name}-facts", {
+            "connection": self.connection,
+            "cudaHome": s.cuda.home,
+            "expect": {"gpuCount": s.host.gpu_count, "gpuMemoryGb": s.host.gpu_memory_gb,
+                       "interconnect": s.host.interconnect, "neededGpus": needed_gpus},
+        }, pulumi.ResourceOptions(parent=self))
+        self.facts = self.facts_resource.facts
+        self.register_outputs({"facts": self.facts})

@@ -1,0 +1,36 @@
+"""ReadinessCheck: the verdict on the started unit, kept as a resource so that `pulumi
+refresh` probes the server again and a server that died since the last `up` is drift."""
+from __future__ import annotations
+
+from typing import Optional
+
+import pulumi
+
+from .gpu_host import GpuHost
+from .resources import Readiness
+from .serving_unit import ServingUnit, declared_layout
+from .plan import ServingPlan
+
+
+class ReadinessCheck(pulumi.ComponentResource):
+    report: pulumi.Output[dict]
+
+    def __init__(self, name: str, plan: ServingPlan, host: GpuHost, unit: ServingUnit,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpu-serving:index:ReadinessCheck", name, {}, opts)
+        s = plan.settings
+        self.resource = Readiness("readiness", {
+            "connection": host.connection,
+            "unit": plan.unit.name,
+            "bind": s.serving.host,
+            "port": s.serving.port,
+            "declared": declared_layout(plan),
+            # The service's own wait-for-ready result; re-probed on refresh.
+            "report": unit.readiness_report,
+        }, pulumi.ResourceOptions(parent=self, depends_on=[unit]))
+        r = self.resource
+        self.report = pulumi.Output.all(
+            status=r.status, unit=plan.unit.name, url=r.url, probe=r.probe, seconds_to_ready=r.seconds_to_ready,
+            checked_at=r.checked_at, layout=r.layout, model=r.model, served_model_name=r.served_model_name,
+            version=r.version, mismatches=r.mismatches, reason=r.reason)
+        self.register_outputs({"report": self.report})

@@ -1,0 +1,142 @@
+"""Host-side probes for readiness: each poll is one SSH command that reads the unit's state
+and the server's health together, so the two signals are taken at the same moment."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable, Optional
+
+from .. import readiness as R
+from ..facts import parse_systemctl_show, split_sections
+from . import ssh
+
+UNIT_PROPS = ["ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus"]
+
+# $1 unit, $2 probe address, $3 port, $4 generation timeout, $5 start time (epoch seconds)
+POLL_SCRIPT = r"""
+systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$1"
+echo @@health
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time "$4" "http://$2:$3/health_generate"); echo "$code $?"
+echo @@ready
+journalctl -u "$1" --since "@$5" -q --no-pager -o cat 2>/dev/null | grep -c 'The server is fired up and ready to roll' || true
+"""
+
+# $1 probe address, $2 port
+INFO_SCRIPT = r"""
+echo @@server_info
+curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/server_info"
+echo; echo @@get_server_info
+curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/get_server_info"
+echo; echo @@models
+curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/v1/models"
+echo
+"""
+
+
+def probe_address(bind: str) -> str:
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+
+
+def unit_state(t: ssh.Target, unit: str) -> R.UnitState:
+    out = ssh.run(t, ["systemctl", "show", *sum((["-p", p] for p in UNIT_PROPS), []), "--", unit],
+                  purpose=f"reading the state of {unit}", timeout=30)
+    return R.UnitState.from_show(next(iter(parse_systemctl_show(out.stdout).values()), {}))
+
+
+def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: int, elapsed: float) -> R.Observation:
+    out = ssh.run(t, ["sh", "-c", POLL_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)), str(since)],
+                  purpose=f"probing {unit}", timeout=gen_timeout + 30, check=False)
+    s = split_sections("@@unit\n" + out.stdout)
+    props = next(iter(parse_systemctl_show(s.get("unit", "")).values()), {})
+    code_text, _, rc_text = s.get("health", "000 7").strip().partition(" ")
+    try:
+        code = int(code_text)
+    except ValueError:
+        code = 0
+    if code == 0 and rc_text.strip() == "28":
+        code = 503  # accepted the connection but did not answer in time: busy, not closed
+    ready_lines = s.get("ready", "0").strip() or "0"
+    return R.Observation(elapsed=elapsed, unit=R.UnitState.from_show(props), health=code,
+                         logged_ready=ready_lines.isdigit() and int(ready_lines) > 0)
+
+
+def _body(section: str) -> tuple[int, Optional[dict]]:
+    text = section.rstrip("\n")
+    body, _, code = text.rpartition("\n")
+    try:
+        status = int(code.strip())
+    except ValueError:
+        return 0, None
+    try:
+        return status, json.loads(body) if body.strip() else None
+    except json.JSONDecodeError:
+        return status, None
+
+
+def server_info(t: ssh.Target, address: str, port: int) -> tuple[str, dict, dict]:
+    """(probe used, server info, /v1/models) — /server_info, else the deprecated /get_server_info."""
+    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info", timeout=60, check=False)
+    s = split_sections(out.stdout)
+    status, info = _body(s.get("server_info", ""))
+    probe = "/server_info"
+    if status != 200 or not isinstance(info, dict):
+        status, info = _body(s.get("get_server_info", ""))
+        probe = "/get_server_info"
+    _, models = _body(s.get("models", ""))
+    return probe, (info if isinstance(info, dict) else {}), (models if isinstance(models, dict) else {})
+
+
+def journal_tail(t: ssh.Target, unit: str, since: int, lines: int = 50, secrets=()) -> str:
+    out = ssh.run(t, ["journalctl", "-u", unit, "--since", f"@{since}", "-n", str(lines), "--no-pager", "-o", "short-iso"],
+                  purpose=f"reading the journal of {unit}", timeout=30, check=False)
+    return ssh.redact(out.stdout.strip(), secrets)
+
+
+def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict[str, Any], settings: dict[str, float],
+               since: int, baseline: R.UnitState, progress: Callable[[str], None]) -> R.Report:
+    """Poll until a verdict; returns the report (status is one of readiness.OUTCOMES)."""
+    address = probe_address(bind)
+    url = f"http://{address}:{port}"
+    start = time.monotonic()
+    deadline = float(settings.get("timeoutSeconds", 3600))
+    pause = 0.0
+    ever_healthy = False
+    last_phase = None
+    while True:
+        elapsed = time.monotonic() - start
+        obs = observe(t, unit, address, port, float(settings.get("generationTimeoutSeconds", 60)), since, elapsed)
+        verdict = R.judge(baseline, obs, deadline, ever_healthy)
+        if verdict.phase != last_phase or verdict.outcome:
+            progress(f"{unit}: {verdict.phase} ({elapsed:.0f} s)")
+            last_phase = verdict.phase
+        if verdict.outcome == R.READY:
+            ever_healthy = True
+            settle = float(settings.get("settleSeconds", 3))
+            if settle:
+                # Ready must last: a server that dies right after its first answer is not ready.
+                time.sleep(settle)
+                again = observe(t, unit, address, port, float(settings.get("generationTimeoutSeconds", 60)), since,
+                                time.monotonic() - start)
+                verdict = R.judge(baseline, again, float("inf"), True)
+                if verdict.outcome != R.READY:
+                    verdict = R.Verdict(R.UNHEALTHY if verdict.outcome is None else verdict.outcome, "generating",
+                                        verdict.reason or f"answered once, then /health_generate {again.health}")
+        if verdict.outcome:
+            report = R.Report(status=verdict.outcome, unit=unit, url=url, seconds_to_ready=None,
+                              checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason=verdict.reason)
+            if verdict.outcome == R.READY:
+                probe, info, models = server_info(t, address, port)
+                report.probe = f"/health_generate + {probe}"
+                report.seconds_to_ready = round(time.monotonic() - start, 1)
+                report.layout = R.resolved_layout(info)
+                report.model = info.get("model_path")
+                report.served_model_name = (models.get("data") or [{}])[0].get("id") if models else info.get("served_model_name")
+                report.version = info.get("version")
+                report.mismatches = R.compare_layout(declared, info)
+                if report.mismatches:
+                    report.status = R.LAYOUT_MISMATCH
+                    report.reason = "the server runs another layout than declared: " + ", ".join(
+                        f"{m['field']} declared {m['declared']} running {m['running']}" for m in report.mismatches)
+            return report
+        pause = R.next_poll(pause, float(settings.get("pollInitialSeconds", 2)), float(settings.get("pollMaxSeconds", 30)))
+        time.sleep(min(pause, max(0.5, deadline - elapsed)))

@@ -1,0 +1,348 @@
+"""Pulumi dynamic providers for what must be READ back from a host, so drift is visible.
+
+`pulumi_command` cannot read (its refresh never looks at the host), so the unit files, the
+shared environment file, the service's state and readiness are dynamic resources here: each
+`read` asks the host what is really there, and each `diff` compares that with the declaration,
+naming the fields that differ. The providers hold no state of their own (the engine pickles
+them into the stack): every call builds its SSH target from the props.
+"""
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+from typing import Any, Optional
+
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+
+from .. import readiness as R
+from ..facts import FACTS_SCRIPT, check_facts, parse_facts, parse_systemctl_show
+from . import probe, ssh
+
+LOCK_PATH = "/run/lock/gpu-serving.lock"
+
+
+def _progress(message: str) -> None:
+    # The engine shows a provider's stderr in the update's output: progress, not silence.
+    print(message, file=sys.stderr, flush=True)
+
+
+def _secrets(props: dict) -> list[str]:
+    values = [props.get("connection", {}).get("privateKey", "")]
+    values += list((props.get("secretEnvironment") or {}).values())
+    return [v for v in values if v]
+
+
+def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
+    return [k for k in keys if olds.get(k) != news.get(k)]
+
+
+def _require_target(props: dict) -> ssh.Target:
+    c = props.get("connection") or {}
+    if c.get("unavailable"):
+        raise ssh.RemoteError(c["unavailable"])
+    return ssh.Target.from_props(props)
+
+
+# ---------------------------------------------------------------------------------------
+class HostFactsProvider(ResourceProvider):
+    """Reads GPUs, driver, CUDA, interconnect and OS in one round trip, and refuses a host that
+    cannot run the declared strategy (before any unit is written: units depend on this)."""
+
+    def _read(self, props: dict) -> dict:
+        t = _require_target(props)
+        out = ssh.run(t, ["sh", "-c", FACTS_SCRIPT, "sh", props["cudaHome"]], purpose="reading host facts", timeout=60, check=False)
+        return parse_facts(out.stdout).as_dict()
+
+    def _check(self, props: dict, facts_dict: dict) -> list[str]:
+        from ..facts import Gpu, HostFacts
+        facts = HostFacts(**{k: v for k, v in facts_dict.items() if k in HostFacts.__dataclass_fields__})
+        facts.gpus = [Gpu(**g) if isinstance(g, dict) else g for g in facts.gpus]
+        e = props["expect"]
+        return check_facts(facts, gpu_count=int(e["gpuCount"]), gpu_memory_gb=float(e["gpuMemoryGb"]),
+                           interconnect=e["interconnect"], needed_gpus=int(e["neededGpus"]))
+
+    def _apply(self, props: dict) -> dict:
+        facts = self._read(props)
+        problems = self._check(props, facts)
+        if problems:
+            raise Exception("the host does not match gpu-serving:host, nothing was changed:\n  - " + "\n  - ".join(problems))
+        return {**props, "facts": facts}
+
+    def create(self, props):
+        outs = self._apply(props)
+        return CreateResult(id_=f"{props['connection']['host']}:{props['connection']['port']}", outs=outs)
+
+    def update(self, id, olds, news):
+        return UpdateResult(outs=self._apply(news))
+
+    def read(self, id, props):
+        facts = self._read(props)
+        return ReadResult(id_=id, outs={**props, "facts": facts})
+
+    def diff(self, id, olds, news):
+        changed = _changed(olds, news, ["connection", "cudaHome", "expect"])
+        if olds.get("facts") and self._check(news, olds["facts"]):
+            changed.append("facts")
+        return DiffResult(changes=bool(changed), replaces=[], stables=[])
+
+    def delete(self, id, props):
+        pass
+
+
+# ---------------------------------------------------------------------------------------
+class RemoteFileProvider(ResourceProvider):
+    """A file on the host: written atomically, read back on refresh.
+
+    props: connection, path, content, mode ("0644"), secretEnvironment (KEY -> value, appended
+    as KEY="value" lines and kept out of `content`, so the plain part stays readable in diffs),
+    retainOnDelete (shared files), reloadSystemd (a unit file: daemon-reload after delete).
+    """
+
+    def _full(self, props: dict) -> bytes:
+        text = props["content"]
+        for key, value in sorted((props.get("secretEnvironment") or {}).items()):
+            text += f'{key}="{value}"\n'
+        return text.encode()
+
+    def _write(self, props: dict) -> dict:
+        t = _require_target(props)
+        data = self._full(props)
+        current = ssh.read_file(t, props["path"])
+        mode = int(props.get("mode", "0644"), 8)
+        if current != data or ssh.stat_mode(t, props["path"]) != mode:
+            ssh.write_file(t, props["path"], data, mode)
+        return {**props, "sha256": hashlib.sha256(data).hexdigest()}
+
+    def create(self, props):
+        return CreateResult(id_=f"{props['connection']['host']}:{props['path']}", outs=self._write(props))
+
+    def update(self, id, olds, news):
+        return UpdateResult(outs=self._write(news))
+
+    def read(self, id, props):
+        t = _require_target(props)
+        data = ssh.read_file(t, props["path"])
+        if data is None:
+            return ReadResult(id_=None, outs={})  # gone: the engine plans to create it again
+        text = data.decode(errors="replace")
+        secret_lines = "".join(f'{k}="{v}"\n' for k, v in sorted((props.get("secretEnvironment") or {}).items()))
+        if secret_lines and text.endswith(secret_lines):
+            text = text[: -len(secret_lines)]
+        else:
+            # The secret part was edited: keep the plain view and never store secret values.
+            text = ssh.redact(text, _secrets(props))
+        mode = ssh.stat_mode(t, props["path"])
+        state = {**props, "content": text, "mode": f"{mode:04o}" if mode is not None else props.get("mode"),
+                 "sha256": hashlib.sha256(data).hexdigest()}
+        if secret_lines and not data.decode(errors="replace").endswith(secret_lines):
+            state["secretEnvironment"] = {k: "[edited on host]" for k in props.get("secretEnvironment") or {}}
+        return ReadResult(id_=id, outs=state, inputs={k: state[k] for k in props if k in state})
+
+    def diff(self, id, olds, news):
+        replaces = ["path"] if olds.get("path") != news.get("path") else []
+        changed = _changed(olds, news, ["path", "content", "mode", "secretEnvironment", "connection"])
+        return DiffResult(changes=bool(changed), replaces=replaces, stables=[], delete_before_replace=True)
+
+    def delete(self, id, props):
+        if props.get("retainOnDelete"):
+            return
+        t = _require_target(props)
+        ssh.remove_file(t, props["path"])
+        if props.get("reloadSystemd"):
+            ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+
+
+# ---------------------------------------------------------------------------------------
+class ServiceProvider(ResourceProvider):
+    """The strategy unit's state: enabled and active, started under a host-wide lock, checked
+    by readiness, rolled back to the strategy that served before when it fails.
+
+    props: connection, unit, siblings (sibling unit names), configHash (unit + environment:
+    a change restarts the unit), bind, port, declared (layout for readiness), readiness
+    (deadlines), enabled, active.
+    """
+
+    def _show(self, t: ssh.Target, units: list[str]) -> dict[str, dict[str, str]]:
+        out = ssh.run(t, ["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "UnitFileState", "-p", "LoadState",
+                          "-p", "NeedDaemonReload", "-p", "MainPID", "-p", "NRestarts", "-p", "SubState", "-p", "Result",
+                          "-p", "ExecMainStatus", "--", *units], purpose="reading unit states", timeout=30)
+        shown = parse_systemctl_show(out.stdout)
+        # systemctl show prints blocks in argument order; Id may be empty for unknown units.
+        blocks = list(shown.values())
+        return {u: (shown.get(u) or (blocks[i] if i < len(blocks) else {})) for i, u in enumerate(units)}
+
+    def _foreign_listener(self, t: ssh.Target, port: int, ours: list[str]) -> Optional[str]:
+        """A process that holds the serving port and is not one of our strategy units."""
+        out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30, check=False)
+        import re
+        for pid in sorted(set(re.findall(r"pid=(\d+)", out.stdout))):
+            cg = ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30, check=False).stdout
+            if not any(u in cg for u in ours):
+                name = re.search(r'users:\(\("([^"]+)"', out.stdout)
+                return f"pid {pid} ({name.group(1) if name else 'unknown'})"
+        return None
+
+    def _start(self, props: dict, restart: bool) -> dict:
+        t = _require_target(props)
+        unit, siblings = props["unit"], list(props.get("siblings") or [])
+        lock = self._lock(t, props)
+        try:
+            states = self._show(t, [unit, *siblings])
+            previous = next((s for s in siblings if states[s].get("ActiveState") in ("active", "activating")), None)
+            own_active = states[unit].get("ActiveState") in ("active", "activating")
+            holder = self._foreign_listener(t, int(props["port"]), [unit, *siblings])
+            if holder:
+                raise ssh.RemoteError(
+                    f"port {props['port']} on {t.label} is held by {holder}, which is not a gpu-serving strategy unit; "
+                    f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port.")
+            if states[unit].get("NeedDaemonReload") == "yes" or states[unit].get("LoadState") == "not-found":
+                ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+            if props.get("enabled", True):
+                ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
+            if not props.get("active", True):
+                ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180)
+                return self._outs(t, props, previous, None)
+            if own_active and not restart:
+                return self._outs(t, props, previous, None)
+            since = int(float(ssh.run(t, ["date", "+%s"], purpose="reading the host clock", timeout=30).stdout.strip()))
+            _progress(f"{unit}: starting" + (f" (stops {previous})" if previous else ""))
+            # Conflicts= in the unit stops the sibling that was serving.
+            ssh.run(t, ["systemctl", "restart" if own_active else "start", unit], purpose=f"starting {unit}", timeout=180)
+            baseline = probe.unit_state(t, unit)
+            report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
+                                      settings=props.get("readiness") or {}, since=since, baseline=baseline, progress=_progress)
+            if report.status != R.READY:
+                self._fail(t, props, report, previous, since)
+            return self._outs(t, props, previous, report.as_dict())
+        finally:
+            self._unlock(lock)
+
+    def _fail(self, t, props, report: R.Report, previous: Optional[str], since: int):
+        unit = props["unit"]
+        journal = probe.journal_tail(t, unit, since, 50, _secrets(props))
+        if previous:
+            ssh.run(t, ["systemctl", "start", previous], purpose=f"restarting {previous}", timeout=180, check=False)
+            rollback = f"Rolled back: restarted {previous}, the strategy that was serving before."
+        else:
+            ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180, check=False)
+            rollback = f"No strategy was serving before; {unit} was stopped."
+        raise Exception(ssh.redact(
+            f"readiness: {report.status}: {report.reason}\n{rollback}\nLast lines of journalctl -u {unit}:\n{journal}",
+            _secrets(props)))
+
+    def _lock(self, t: ssh.Target, props: dict):
+        """Host-wide switch lock: `flock` held by a remote process for as long as our channel is
+        open; a dropped connection ends it, so a crashed run never leaves the host locked."""
+        wait = int(float((props.get("readiness") or {}).get("lockWaitSeconds", 900)))
+        chan = ssh.client(t).get_transport().open_session()
+        chan.exec_command(f"flock -w {wait} {LOCK_PATH} sh -c 'echo locked; cat >/dev/null'")
+        buf = b""
+        deadline = time.monotonic() + wait + 30
+        chan.settimeout(5)
+        while b"locked" not in buf:
+            if time.monotonic() > deadline or chan.exit_status_ready():
+                chan.close()
+                raise ssh.RemoteError(f"another switch holds the gpu-serving lock on {t.label} ({LOCK_PATH}); "
+                                      f"waited {wait} s. Run the switches one after the other.")
+            try:
+                data = chan.recv(64)
+                if not data and chan.exit_status_ready():
+                    continue
+                buf += data
+            except Exception:
+                _progress(f"waiting for the gpu-serving lock on {t.label} (another switch is running)")
+        return chan
+
+    def _unlock(self, chan) -> None:
+        try:
+            chan.shutdown_write()
+            chan.close()
+        except Exception:
+            pass
+
+    def _outs(self, t, props, previous, report) -> dict:
+        state = self._show(t, [props["unit"]])[props["unit"]]
+        return {**props, "previous": previous, "readinessReport": report,
+                "active": state.get("ActiveState") == "active" if props.get("active", True) else False,
+                "enabled": state.get("UnitFileState") == "enabled"}
+
+    def create(self, props):
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._start(props, restart=True))
+
+    def update(self, id, olds, news):
+        restart = olds.get("configHash") != news.get("configHash") or olds.get("declared") != news.get("declared")
+        return UpdateResult(outs=self._start(news, restart=restart))
+
+    def read(self, id, props):
+        t = _require_target(props)
+        state = self._show(t, [props["unit"]])[props["unit"]]
+        if state.get("LoadState") == "not-found":
+            return ReadResult(id_=None, outs={})
+        live = {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
+        outs = {**props, **live}
+        return ReadResult(id_=id, outs=outs, inputs={**{k: props[k] for k in props if k not in ("previous", "readinessReport")}, **live})
+
+    def diff(self, id, olds, news):
+        changed = _changed(olds, {**news, "active": news.get("active", True), "enabled": news.get("enabled", True)},
+                           ["unit", "configHash", "declared", "siblings", "port", "bind", "active", "enabled", "connection"])
+        return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
+
+    def delete(self, id, props):
+        t = _require_target(props)
+        # Only this stack's own unit: siblings and shared files are never touched.
+        ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180, check=False)
+
+
+# ---------------------------------------------------------------------------------------
+class ReadinessProvider(ResourceProvider):
+    """The readiness report as a resource: created from the service's check, re-probed on
+    refresh, so a server that died since the last `up` shows as drift."""
+
+    def create(self, props):
+        report = props.get("report") or self._probe(props)
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:readiness", outs={**props, **report})
+
+    def _probe(self, props) -> dict:
+        t = _require_target(props)
+        addr = probe.probe_address(props["bind"])
+        state = probe.unit_state(t, props["unit"])
+        obs = probe.observe(t, props["unit"], addr, int(props["port"]), 60, int(time.time()) - 86400, 0)
+        report = R.Report(status=R.READY, unit=props["unit"], url=f"http://{addr}:{props['port']}",
+                          checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        if state.active_state != "active":
+            report.status, report.reason = "down", f"unit is {state.active_state}"
+        elif obs.health != 200:
+            report.status, report.reason = R.UNHEALTHY, f"/health_generate answers {obs.health or 'nothing (port closed)'}"
+        else:
+            used, info, models = probe.server_info(t, addr, int(props["port"]))
+            report.probe = f"/health_generate + {used}"
+            report.layout, report.model, report.version = R.resolved_layout(info), info.get("model_path"), info.get("version")
+            report.served_model_name = (models.get("data") or [{}])[0].get("id") if models else None
+            report.mismatches = R.compare_layout(props["declared"], info)
+            if report.mismatches:
+                report.status = R.LAYOUT_MISMATCH
+        return report.as_dict()
+
+    def update(self, id, olds, news):
+        # A new check from the service (it restarted) is the truth; otherwise probe again.
+        fresh = news.get("report") and news.get("report") != olds.get("report") and olds.get("status") == R.READY
+        report = news["report"] if fresh else self._probe(news)
+        return UpdateResult(outs={**news, **report})
+
+    def read(self, id, props):
+        report = self._probe(props)
+        # seconds_to_ready belongs to the start that measured it; keep it.
+        report["seconds_to_ready"] = props.get("seconds_to_ready")
+        return ReadResult(id_=id, outs={**props, **report}, inputs={k: v for k, v in props.items()})
+
+    def diff(self, id, olds, news):
+        changed = _changed(olds, news, ["unit", "port", "declared", "connection"])
+        if olds.get("status") not in (None, R.READY):
+            changed.append("status")
+        if (olds.get("report") or {}).get("checked_at") != (news.get("report") or {}).get("checked_at") and news.get("report"):
+            changed.append("report")
+        return DiffResult(changes=bool(changed), replaces=[], stables=[])
+
+    def delete(self, id, props):
+        pass

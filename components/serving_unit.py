@@ -1,0 +1,70 @@
+"""ServingUnit: the strategy's unit file, the model's shared environment file and the
+service's state, each a resource with a real read so hand edits show up as drift."""
+from __future__ import annotations
+
+import hashlib
+from typing import Optional
+
+import pulumi
+
+from .gpu_host import GpuHost
+from .plan import ServingPlan
+from .resources import RemoteFile, Service
+
+UNIT_DIR = "/etc/systemd/system"
+
+
+def declared_layout(plan: ServingPlan) -> dict:
+    """What readiness compares with the server's /server_info."""
+    s = plan.settings
+    return {"tp_size": plan.layout.tp_size, "pp_size": plan.layout.pp_size, "ep_size": plan.layout.ep_size,
+            "dp_size": plan.layout.dp_size, "enable_dp_attention": plan.layout.enable_dp_attention,
+            "model_path": s.model.path, "served_model_name": s.model.served_name, "port": s.serving.port}
+
+
+class ServingUnit(pulumi.ComponentResource):
+    unit_name: str
+    active: pulumi.Output[bool]
+    readiness_report: pulumi.Output
+
+    def __init__(self, name: str, plan: ServingPlan, host: GpuHost, secret_environment: Optional[pulumi.Output] = None,
+                 opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__("gpu-serving:index:ServingUnit", name, {}, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        s = plan.settings
+        self.unit_name = plan.unit.name
+        # The environment file is shared by every strategy stack of this model: destroying one
+        # stack must not take it from the others.
+        self.environment_file = RemoteFile("environment-file", {
+            "connection": host.connection,
+            "path": plan.unit.environment_path,
+            "content": plan.environment_text,
+            "mode": "0600",
+            "secretEnvironment": secret_environment if secret_environment is not None else {},
+            "retainOnDelete": True,
+        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
+        self.unit_file = RemoteFile("unit-file", {
+            "connection": host.connection,
+            "path": f"{UNIT_DIR}/{plan.unit.name}",
+            "content": plan.unit.text,
+            "mode": "0644",
+            "reloadSystemd": True,
+        }, child)
+        secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(
+            lambda d: hashlib.sha256(repr(sorted((d or {}).items())).encode()).hexdigest())
+        config_hash = secret_hash.apply(lambda sh: hashlib.sha256(
+            (plan.unit.text + plan.environment_text + sh).encode()).hexdigest())
+        self.service = Service("service", {
+            "connection": host.connection,
+            "unit": plan.unit.name,
+            "siblings": [f"{s.serving.unit_prefix}-{s.model.name}-{x}.service" for x in plan.siblings],
+            "configHash": config_hash,
+            "bind": s.serving.host,
+            "port": s.serving.port,
+            "declared": declared_layout(plan),
+            "readiness": s.readiness.model_dump(by_alias=True),
+            "secretEnvironment": secret_environment if secret_environment is not None else {},
+        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.environment_file, self.unit_file])))
+        self.active = self.service.active
+        self.readiness_report = self.service.readinessReport
+        self.register_outputs({"unit": self.unit_name, "active": self.active})
