@@ -1,0 +1,119 @@
+"""python -m rehearsal: manage local rehearsal hosts (see rehearsal/host.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from . import host
+
+
+def _print_info(info: host.HostInfo, as_json: bool) -> None:
+    if as_json:
+        print(info.to_json())
+        return
+    d = info.to_dict()
+    keys = ["name", "state", "address", "port", "user", "private_key", "host_public_key",
+            "known_hosts", "profile", "model_path", "pid", "index", "netns", "console_log"]
+    if info.state == "absent":
+        keys = ["name", "state"]
+    width = max(len(k) for k in keys)
+    for k in keys:
+        if d.get(k) is not None:
+            print(f"{k:<{width}}  {d[k]}")
+    if info.state == "running":
+        print(f"{'ssh':<{width}}  python -m rehearsal ssh {info.name} [command...]")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m rehearsal",
+                                description="Local rehearsal hosts: Debian bookworm, systemd "
+                                "PID 1 and OpenSSH, in systemd-nspawn + a network namespace.")
+    sub = p.add_subparsers(dest="verb", required=True)
+
+    def add(verb, help_, name_nargs="?"):
+        sp = sub.add_parser(verb, help=help_)
+        if name_nargs is not None:
+            sp.add_argument("name", nargs=name_nargs, default=host.DEFAULT_NAME,
+                            help=f"instance name (default {host.DEFAULT_NAME!r})")
+        return sp
+
+    sp = add("up", "boot a host (build the rootfs once first); idempotent")
+    sp.add_argument("--profile", help=f"GPU profile (default {host.DEFAULT_PROFILE})")
+    sp.add_argument("--model", help=f"model stand-in (default {host.DEFAULT_MODEL})")
+    sp.add_argument("--index", type=int, help="subnet index: 10.213.<index>.0/24 "
+                    "(default: lowest free)")
+    sp.add_argument("--timeout", type=float, default=120.0)
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("down", "power off and remove completely", name_nargs="*")
+    sp.add_argument("--all", action="store_true", help="every instance")
+    sp.add_argument("--timeout", type=float, default=30.0)
+
+    sp = add("stop", "power off cleanly, keep the disk (up boots it again)")
+    sp.add_argument("--timeout", type=float, default=30.0)
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("restart", "clean poweroff, then boot again on the same disk (a reboot)")
+    sp.add_argument("--timeout", type=float, default=120.0)
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("status", "running / stopped / absent, with the connection info "
+             "(exit 0 when running, 3 otherwise)")
+    sp.add_argument("--json", action="store_true")
+
+    sp = add("list", "all instances", name_nargs=None)
+    sp.add_argument("--json", action="store_true")
+
+    sp = sub.add_parser("ssh", help="ssh into a host (pinned host key, generated key)")
+    sp.add_argument("name")
+    sp.add_argument("command", nargs=argparse.REMAINDER)
+
+    sp = add("rootfs", "build the base rootfs now (normally done by the first up)",
+             name_nargs=None)
+    sp.add_argument("--force", action="store_true", help="rebuild even when present")
+
+    args = p.parse_args(argv)
+    try:
+        if args.verb == "up":
+            _print_info(host.up(args.name, profile=args.profile, model=args.model,
+                                index=args.index, timeout=args.timeout), args.json)
+        elif args.verb == "down":
+            names = [i.name for i in host.list_hosts()] if args.all else \
+                (args.name if isinstance(args.name, list) and args.name
+                 else [host.DEFAULT_NAME])
+            for n in names:
+                host.down(n, timeout=args.timeout)
+                print(f"{n}: down")
+        elif args.verb == "stop":
+            _print_info(host.stop(args.name, timeout=args.timeout), args.json)
+        elif args.verb == "restart":
+            _print_info(host.restart(args.name, timeout=args.timeout), args.json)
+        elif args.verb == "status":
+            info = host.status(args.name)
+            _print_info(info, args.json)
+            return 0 if info.state == "running" else 3
+        elif args.verb == "list":
+            infos = host.list_hosts()
+            if args.json:
+                print(json.dumps([i.to_dict() for i in infos], indent=2))
+            else:
+                for i in infos:
+                    print(f"{i.name:<12} {i.state:<8} {i.address or '-':<14} "
+                          f"pid={i.pid or '-'} profile={i.profile} model={i.model}")
+        elif args.verb == "ssh":
+            command = args.command[1:] if args.command[:1] == ["--"] else args.command
+            argv_ = host.ssh_argv(args.name, command)
+            sys.stdout.flush()
+            os.execvp(argv_[0], argv_)
+        elif args.verb == "rootfs":
+            print(host.ensure_rootfs(force=args.force))
+    except host.RehearsalError as exc:
+        print(f"rehearsal: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
