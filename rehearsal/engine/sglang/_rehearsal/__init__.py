@@ -1,0 +1,1 @@
+"""The rehearsal engine's internals: arguments, rules, GPUs, HTTP server, faults."""

@@ -1,0 +1,489 @@
+"""``python -m sglang.launch_server`` for a rehearsal host: SGLang's startup, without a GPU.
+
+Phases, as SGLang goes through them:
+  1. parse the command line (argparse errors: exit 2);
+  2. read <model-path>/config.json and rehearsal-checkpoint.json, list the GPUs (nvidia-smi +
+     CUDA_VISIBLE_DEVICES) and resolve the server args with SGLang's rules;
+  3. "start the schedulers": every rank needs a visible GPU, the model must split over the layout;
+  4. "load weights" for $REHEARSAL_LOAD_SECONDS with the port closed;
+  5. size the KV pool (mem_fraction_static covers weights + KV pool; "Not enough memory" if not);
+  6. bind the HTTP port, warm up for $REHEARSAL_WARMUP_SECONDS (/health answers 503), then log
+     "The server is fired up and ready to roll!".
+SIGTERM or SIGINT stops it cleanly (exit 0). Faults are injected with $REHEARSAL_FAULT
+(see FAULTS below). Nothing here pretends to be SGLang: the version says "rehearsal".
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from sglang.version import __version__
+from sglang._rehearsal import args as cli
+from sglang._rehearsal import gpus as gpu_mod
+from sglang._rehearsal import rules
+from sglang._rehearsal.rules import GiB, MiB, Refusal
+from sglang._rehearsal.server import EngineHTTPServer, new_request_id, serve
+
+FAULTS = {
+    "crash_during_load": "exit non-zero halfway through the weight load, with a traceback in the log",
+    "hang_during_load": "never finish loading: the port never opens (SIGTERM still stops it)",
+    "oom_during_load": "fail halfway through the weight load with CUDA out of memory",
+    "die_after_requests": "die_after_requests:N - exit non-zero after serving N generation requests",
+    "health_fail_after_ready": "become ready, then answer 503 on /health and /health_generate forever",
+    "rewrite_layout": "report an ep_size in /server_info different from the one resolved at launch",
+}
+DEFAULT_WARMUP_SECONDS = 1.0
+DEFAULT_STATE_DIR = "/run/rehearsal-gpu"
+LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
+
+
+class Log:
+    """SGLang's log shape: ``[YYYY-mm-dd HH:MM:SS<rank prefix>] message`` on stderr."""
+
+    def __init__(self, level: str = "info"):
+        self.level = LEVELS.get(str(level).lower(), 20)
+        self.prefix = ""
+        self.lock = threading.Lock()
+
+    def emit(self, level: int, message: str, prefix: str | None = None):
+        if level < self.level:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        tag = self.prefix if prefix is None else prefix
+        with self.lock:
+            for line in str(message).split("\n"):
+                sys.stderr.write(f"[{stamp}{tag}] {line}\n")
+            sys.stderr.flush()
+
+    def info(self, message, rank=False):
+        self.emit(20, message, None if rank else "")
+
+    def warning(self, message, rank=False):
+        self.emit(30, message, None if rank else "")
+
+    def error(self, message, rank=False):
+        self.emit(40, message, None if rank else "")
+
+    def access(self, client, method, path, code):
+        phrase = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                  503: "Service Unavailable"}.get(code, "")
+        self.emit(20, f'INFO:     {client[0]}:{client[1]} - "{method} {path} HTTP/1.1" {code} {phrase}', "")
+
+
+class Stop(Exception):
+    """SIGTERM/SIGINT arrived while starting: leave cleanly."""
+
+
+class Engine:
+    def __init__(self, args, model, env, log):
+        self.args, self.model, self.env, self.log = args, model, env, log
+        self.fault, self.fault_arg = parse_fault(env.get("REHEARSAL_FAULT"))
+        self.stop = threading.Event()
+        self.exit_code = 0
+        self.state = "starting"
+        self.requests_served = 0
+        self.lock = threading.Lock()
+        self.started_at = time.time()
+        self.plan = None
+        self.layout = {}
+        self.used_gpus = []
+        self.visible = []
+        self.gpu_count = 0
+        self.server = None
+        self.usage_file = None
+        self.log_health = env.get("REHEARSAL_LOG_HEALTH", "1") != "0"
+        self.seconds_per_token = float(env.get("REHEARSAL_SECONDS_PER_TOKEN") or 0)
+        self.declared_ep_size = None
+
+    # ------------------------------------------------------------------ HTTP-facing behaviour
+    @property
+    def dp_ranks(self) -> int:
+        return self.args.dp_size
+
+    def health_generate(self) -> bool:
+        if self.state != "ready":
+            if self.state == "stopping":
+                self.log.info("Health check request received during shutdown. Returning 503.")
+            return False
+        if self.fault == "health_fail_after_ready":
+            self.log.error("Health check failed. Server couldn't get a response from detokenizer for last "
+                           f"{self.env.get('SGLANG_HEALTH_CHECK_TIMEOUT', '20')} seconds. "
+                           "(rehearsal fault health_fail_after_ready)")
+            return False
+        return True  # the fake one-token generation always answers
+
+    def generate(self, prompt_tokens: int, max_new_tokens: int):
+        """Checks a request the way the tokenizer manager does; returns a result or an error text."""
+        if self.state not in ("warmup", "ready", "unhealthy"):
+            return "The server is not ready."
+        if prompt_tokens >= self.plan.max_req_input_len:
+            return (f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                    f"({self.args.context_length} tokens).")
+        if prompt_tokens + max_new_tokens > self.args.context_length:
+            return (f"Requested token count exceeds the model's maximum context length of "
+                    f"{self.args.context_length} tokens. You requested a total of "
+                    f"{prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens from the input "
+                    f"messages and {max_new_tokens} tokens for the completion. Please reduce the number "
+                    "of tokens in the input messages or the completion to fit within the limit.")
+        started = time.time()
+        if self.seconds_per_token and max_new_tokens:
+            time.sleep(min(self.seconds_per_token * max_new_tokens, 60))
+        return {"id": new_request_id(), "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
+                "latency": round(time.time() - started, 4)}
+
+    def token_delay(self):
+        if self.seconds_per_token:
+            time.sleep(self.seconds_per_token)
+
+    def after_request(self):
+        with self.lock:
+            self.requests_served += 1
+            served = self.requests_served
+        if self.fault == "die_after_requests" and served >= self.fault_arg:
+            self.crash("RuntimeError", f"rehearsal fault die_after_requests:{self.fault_arg}: the scheduler "
+                                       f"died after {served} generation requests", prefix=True)
+            self.exit_code = 1
+            self.stop.set()
+
+    def reported_ep_size(self) -> int:
+        if self.fault != "rewrite_layout":
+            return self.args.ep_size
+        return 1 if self.args.ep_size != 1 else max(self.args.tp_size, 2)
+
+    def server_info(self) -> dict:
+        info = {k: v for k, v in vars(self.args).items()}
+        info["ep_size"] = self.reported_ep_size()
+        plan = self.plan
+        info.update({
+            "status": "ready",
+            "max_total_num_tokens": plan.max_total_num_tokens,
+            "max_req_input_len": plan.max_req_input_len,
+            "max_running_requests": plan.max_running_requests,
+            "internal_states": [{
+                "dp_rank": rank,
+                "last_gen_throughput": 0.0,
+                "#running-req": 0,
+                "#queue-req": 0,
+                "max_total_num_tokens": plan.max_total_num_tokens,
+                "memory_usage": {
+                    "weight": round(max(plan.weights_per_gpu) / GiB, 2),
+                    "kvcache": round(plan.max_total_num_tokens * max(plan.kv_bytes_per_token) / GiB, 2),
+                    "token_capacity": plan.max_total_num_tokens,
+                },
+            } for rank in range(self.dp_ranks)],
+            "version": __version__,
+            "rehearsal": {
+                "engine": "sglang-rehearsal " + __version__,
+                "phase": self.state,
+                "fault": self.fault,
+                "world_size": rules.compute_world_size(self.args),
+                "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in self.used_gpus],
+                "pp_layer_partition": plan.layers_per_stage,
+                "weights_per_gpu_gib": [round(w / GiB, 2) for w in plan.weights_per_gpu],
+                "kv_bytes_per_token": plan.kv_bytes_per_token,
+                "layout": self.layout,
+                "requests_served": self.requests_served,
+            },
+        })
+        return info
+
+    def model_info(self) -> dict:
+        return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
+                "is_generation": True, "preferred_sampling_params": None,
+                "weight_version": self.args.weight_version, "has_image_understanding": False,
+                "has_audio_understanding": False, "model_type": self.model.get("model_type"),
+                "architectures": self.model.get("architectures")}
+
+    # ------------------------------------------------------------------ failure output
+    def crash(self, exc_type: str, message: str, note: str = "", prefix: bool = True, where: str = "Scheduler"):
+        """Log a failure shaped like SGLang's: a traceback ending in the exception SGLang raises."""
+        text = f"{exc_type}: {message}" if message else exc_type
+        lines = [f"{where} hit an exception: Traceback (most recent call last):",
+                 '  File "<sglang-rehearsal>", in <an SGLang startup rule>', text]
+        if note:
+            lines.append(f"rehearsal: {note}")
+        self.log.emit(40, "\n".join(lines), None if prefix else "")
+
+    def fail(self, refusal: Refusal) -> int:
+        if refusal.stage == "args":
+            text = f"{refusal.exc_type}: {refusal.message}" if refusal.message else refusal.exc_type
+            sys.stderr.write("Traceback (most recent call last):\n"
+                             '  File "<sglang-rehearsal>", in ServerArgs.__post_init__\n' + text + "\n")
+            if refusal.note:
+                sys.stderr.write(f"rehearsal: {refusal.note}\n")
+            sys.stderr.flush()
+            return 1
+        self.crash(refusal.exc_type, refusal.message, refusal.note)
+        self.log.error("Received sigquit from a child process. It usually means the child failed.")
+        self.log.error("RuntimeError: Initialization failed. Please see the error messages above.")
+        return 1
+
+    # ------------------------------------------------------------------ startup
+    def wait(self, seconds: float | None):
+        """Sleep, but leave at once when asked to stop."""
+        if self.stop.wait(seconds):
+            raise Stop()
+
+    def rank_prefix(self) -> str:
+        parts = []
+        if self.args.enable_dp_attention:
+            parts.append("DP0")
+        if self.args.pp_size > 1:
+            parts.append("PP0")
+        if self.args.tp_size > 1:
+            parts.append("TP0")
+        if self.args.ep_size > 1:
+            parts.append("EP0")
+        return (" " + " ".join(parts)) if parts else ""
+
+    def start(self) -> int:
+        args, env, log = self.args, self.env, self.log
+        if self.fault == "invalid":
+            log.error(f"rehearsal: REHEARSAL_FAULT={env.get('REHEARSAL_FAULT')!r} is not a known fault; "
+                      f"known: {', '.join(sorted(FAULTS))}")
+            return 1
+        log.info(f"rehearsal engine sglang-rehearsal {__version__}: SGLang's command line and rules, "
+                 "no model and no GPU work")
+
+        try:
+            all_gpus = gpu_mod.query(env)
+        except gpu_mod.GpuQueryError as exc:
+            sys.stderr.write(f"RuntimeError: No CUDA GPUs are available\nrehearsal: {exc}\n")
+            return 1
+        self.gpu_count = len(all_gpus)
+        self.visible = gpu_mod.visible(all_gpus, env.get("CUDA_VISIBLE_DEVICES"))
+        capacity = gpu_mod.capacity_mib(self.visible[0]) if self.visible else None
+        try:
+            for level, message in rules.resolve_args(args, self.model, env, capacity):
+                log.emit(LEVELS[level], message, "")
+        except Refusal as refusal:
+            return self.fail(refusal)
+        log.info("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in vars(args).items()) + ")")
+        if self.fault:
+            log.warning(f"rehearsal: fault injected: {self.fault}"
+                        + (f":{self.fault_arg}" if self.fault_arg is not None else ""))
+        log.prefix = self.rank_prefix()
+        try:
+            self.launch()
+        except Refusal as refusal:
+            return self.fail(refusal)
+        except Stop:
+            log.info("Received SIGTERM while starting. Exiting.")
+            return 0
+        return self.run()
+
+    def launch(self):
+        args, env, log = self.args, self.env, self.log
+        if not self.visible:
+            raise Refusal("launch", "RuntimeError", "No CUDA GPUs are available",
+                          "CUDA_VISIBLE_DEVICES hides every GPU nvidia-smi lists"
+                          if env.get("CUDA_VISIBLE_DEVICES") is not None else "nvidia-smi lists no GPU")
+        ids = rules.gpu_ids_for_node(args)
+        world = rules.compute_world_size(args)
+        if max(ids) >= len(self.visible):
+            visible_note = (f"CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
+                            if env.get("CUDA_VISIBLE_DEVICES") is not None else "CUDA_VISIBLE_DEVICES unset")
+            dp = "1 (dp attention)" if args.enable_dp_attention else str(args.dp_size)
+            raise Refusal("launch", "torch.AcceleratorError", "CUDA error: invalid device ordinal",
+                          f"world size {world} = dp {dp} x tp_size {args.tp_size} x pp_size {args.pp_size} "
+                          f"needs {len(ids)} GPUs on this node (device ordinals {ids[0]}..{ids[-1]}) but only "
+                          f"{len(self.visible)} are visible (nvidia-smi lists {self.gpu_count}; {visible_note}); "
+                          "ep_size does not add GPUs")
+        self.used_gpus = [self.visible[i] for i in ids]
+        log.info("Init torch distributed begin.", rank=True)
+        if args.nnodes > 1:
+            log.warning(f"rehearsal: waiting for the other {args.nnodes - 1} node(s) at {args.dist_init_addr}; "
+                        "a rehearsal host is one node, so this never completes (like a real node whose "
+                        "peers never start)", rank=True)
+            self.wait(None)
+        log.info("Init torch distributed ends. mem usage=0.00 GB", rank=True)
+        self.layout = rules.check_model_layout(args, self.model)
+        free = [g.free_mib * MiB for g in self.used_gpus]
+        oom = None
+        try:
+            self.plan = rules.plan_memory(args, self.model, free, env)
+        except Refusal as refusal:
+            if refusal.exc_type != "torch.OutOfMemoryError":
+                raise
+            oom = refusal  # real CUDA OOMs surface partway through loading
+        load_seconds = self.load_seconds()
+        log.info(f"Load weight begin. avail mem={min(free) / GiB:.2f} GB", rank=True)
+        if self.fault == "hang_during_load":
+            self.wait(None)
+        if self.fault in ("crash_during_load", "oom_during_load") or oom:
+            self.wait(load_seconds / 2)
+            if oom:
+                raise oom
+            if self.fault == "oom_during_load":
+                raise Refusal("load", "torch.OutOfMemoryError",
+                              "CUDA out of memory. Tried to allocate 2.00 GiB. (rehearsal fault oom_during_load)")
+            raise Refusal("load", "RuntimeError",
+                          "CUDA error: an illegal memory access was encountered (rehearsal fault crash_during_load)")
+        self.wait(load_seconds)
+        weights = max(self.plan.weights_per_gpu)
+        log.info(f"Load weight end. type={self.model.architecture}, dtype=torch.{self.model.checkpoint.get('torch_dtype', 'bfloat16')}, "
+                 f"avail mem={(min(free) - weights) / GiB:.2f} GB, mem usage={weights / GiB:.2f} GB.", rank=True)
+        for level, message in rules.finish_memory(args, self.plan):
+            log.emit(LEVELS[level], message)
+        plan = self.plan
+        kv_size = plan.max_total_num_tokens * max(plan.kv_bytes_per_token)
+        log.info(f"KV Cache is allocated. #tokens: {plan.max_total_num_tokens}, KV size: {kv_size / GiB:.2f} GB", rank=True)
+        avail = min(free) - weights - kv_size
+        log.info(f"Memory pool end. avail mem={avail / GiB:.2f} GB", rank=True)
+        self.write_usage(weights + kv_size)
+        if not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled":
+            log.info(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail / GiB:.2f} GB", rank=True)
+            log.info(f"Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.00 GB. avail mem={avail / GiB:.2f} GB.", rank=True)
+        log.info(f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={args.chunked_prefill_size}, "
+                 f"max_prefill_tokens={args.max_prefill_tokens}, max_running_requests={plan.max_running_requests}, "
+                 f"context_len={args.context_length}, available_gpu_mem={avail / GiB:.2f} GB", rank=True)
+        if self.fault == "rewrite_layout":
+            log.warning(f"rehearsal fault rewrite_layout: /server_info will report ep_size={self.reported_ep_size()} "
+                        f"instead of {args.ep_size}")
+
+    def load_seconds(self) -> float:
+        value = self.env.get("REHEARSAL_LOAD_SECONDS")
+        if value not in (None, ""):
+            return max(float(value), 0.0)
+        # Default: the checkpoint size in GiB / 100 (about 6 s for a 590 GiB checkpoint).
+        return float(self.model.checkpoint["checkpoint_bytes"]) / GiB / 100
+
+    def write_usage(self, per_gpu_bytes: float):
+        """Tell the simulated nvidia-smi how much memory this engine holds on each of its GPUs."""
+        directory = self.env.get("REHEARSAL_GPU_STATE_DIR") or DEFAULT_STATE_DIR
+        used = {}
+        for g in self.used_gpus:
+            reserve = per_gpu_bytes / MiB + 1024  # + CUDA graphs, activations, NCCL buffers
+            used[str(g.index)] = int(min(reserve, g.free_mib))
+        try:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, f"used-{os.getpid()}.json")
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                json.dump({"pid": os.getpid(), "process_name": sys.executable, "gpus": used}, f)
+            os.replace(path + ".tmp", path)
+            self.usage_file = path
+        except OSError as exc:
+            self.log.emit(10, f"rehearsal: cannot record GPU usage in {directory}: {exc}")
+
+    def remove_usage(self):
+        if self.usage_file:
+            try:
+                os.unlink(self.usage_file)
+            except OSError:
+                pass
+            self.usage_file = None
+
+    # ------------------------------------------------------------------ serving
+    def run(self) -> int:
+        args, log = self.args, self.log
+        log.prefix = ""
+        try:
+            self.server = EngineHTTPServer((args.host, args.port), self)
+        except OSError as exc:
+            log.error(f"[Errno {exc.errno}] error while attempting to bind on address "
+                      f"('{args.host}', {args.port}): {exc.strerror.lower() if exc.strerror else exc}")
+            return 1
+        serve(self.server)
+        log.info(f"rehearsal: HTTP server listening on http://{args.host}:{args.port}")
+        self.state = "warmup"
+        try:
+            if not args.skip_server_warmup:
+                self.wait(float(self.env.get("REHEARSAL_WARMUP_SECONDS") or DEFAULT_WARMUP_SECONDS))
+                log.access(("127.0.0.1", 0), "POST", "/generate", 200)
+            self.state = "ready"
+            log.info("The server is fired up and ready to roll!")
+            self.stop.wait()
+        except Stop:
+            pass
+        if self.exit_code == 0:
+            self.state = "stopping"
+            log.info("Received SIGTERM. Shutting down.")
+        self.server.shutdown()
+        self.server.server_close()
+        if self.exit_code == 0:
+            log.info("rehearsal: server stopped")
+        return self.exit_code
+
+
+def parse_fault(value: str | None):
+    if not value:
+        return None, None
+    name, _, arg = value.strip().partition(":")
+    if name not in FAULTS:
+        return "invalid", None
+    if name == "die_after_requests":
+        try:
+            return name, max(int(arg), 1)
+        except ValueError:
+            return "invalid", None
+    return name, None
+
+
+def read_model(path: str) -> rules.Model:
+    """<model-path>/config.json and rehearsal-checkpoint.json; SGLang-like errors when missing."""
+    if not os.path.isdir(path):
+        looks_like_repo = (not path.startswith(("/", ".", "~")) and path.count("/") == 1
+                           and all(path.split("/")))
+        if looks_like_repo:
+            raise Refusal("args", "OSError",
+                          "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't "
+                          "find them in the cached files. Check your internet connection or see how to run "
+                          "the library in offline mode.",
+                          f"model path {path!r} is not a directory here; the rehearsal engine has no network "
+                          "and needs a model directory (rehearsal/models/<name>)")
+        raise Refusal("args", "huggingface_hub.errors.HFValidationError",
+                      f"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '{path}'. "
+                      "Use `repo_type` argument if needed.",
+                      f"model path {path} does not exist (a local model directory was expected)")
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise Refusal("args", "OSError", f"{path} does not appear to have a file named config.json.")
+    checkpoint_path = os.path.join(path, "rehearsal-checkpoint.json")
+    if not os.path.isfile(checkpoint_path):
+        raise Refusal("args", "FileNotFoundError", f"{checkpoint_path}",
+                      "the rehearsal engine needs the declared checkpoint size in rehearsal-checkpoint.json "
+                      "(see rehearsal/models/README.md)")
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            config = rules.text_config(json.load(f))
+        with open(checkpoint_path, encoding="utf-8") as f:
+            checkpoint = json.load(f)
+    except ValueError as exc:
+        raise Refusal("args", "ValueError", f"invalid JSON in {path}: {exc}")
+    for key in ("num_hidden_layers",):
+        if key not in config:
+            raise Refusal("args", "KeyError", repr(key), f"{config_path} lacks {key}")
+    if "checkpoint_bytes" not in checkpoint:
+        raise Refusal("args", "KeyError", "'checkpoint_bytes'", f"{checkpoint_path} lacks checkpoint_bytes")
+    return rules.Model(path=path, config=config, checkpoint=checkpoint)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = cli.parse(argv)  # exits 2 on a bad command line, like SGLang
+    env = dict(os.environ)
+    log = Log(args.log_level)
+    try:
+        model = read_model(args.model_path)
+    except Refusal as refusal:
+        text = f"{refusal.exc_type}: {refusal.message}"
+        sys.stderr.write("Traceback (most recent call last):\n"
+                         '  File "<sglang-rehearsal>", in ModelConfig.from_server_args\n' + text + "\n")
+        if refusal.note:
+            sys.stderr.write(f"rehearsal: {refusal.note}\n")
+        return 1
+    engine = Engine(args, model, env, log)
+
+    def on_signal(signum, frame):
+        engine.stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        return engine.start()
+    finally:
+        engine.remove_usage()

@@ -1,0 +1,322 @@
+"""SGLang's HTTP surface, served by the standard library.
+
+Endpoints and shapes follow SGLang's entrypoints/http_server.py: /health and /health_generate
+(503 until the warmup generation succeeded and while shutting down), /server_info (and the
+deprecated /get_server_info) = {**server_args, **scheduler_info, internal_states, version},
+/model_info (/get_model_info), /v1/models, POST /generate, POST /v1/chat/completions,
+POST /v1/completions (JSON content type required: 400 otherwise), GET /ping, /get_load and
+/metrics (with --enable-metrics). Generations are fake: deterministic words, one per token.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+WORDS = ("this is a rehearsal engine answering without a model and without a gpu so every "
+         "word here is a stand in for a token").split()
+
+
+def fake_text(n_tokens: int, offset: int = 0) -> str:
+    return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n_tokens))
+
+
+def count_tokens(text) -> int:
+    if isinstance(text, list):
+        return len(text)
+    return max(1, len(str(text).split()))
+
+
+class EngineHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, engine):
+        self.engine = engine
+        super().__init__(address, Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sglang-rehearsal"
+
+    # ------------------------------------------------------------------ plumbing
+    @property
+    def engine(self):
+        return self.server.engine
+
+    def log_message(self, fmt, *args):  # access lines go through the engine's log, uvicorn-style
+        pass
+
+    def _access(self, code: int):
+        if self.path.startswith("/health") and code == 200 and not self.engine.log_health:
+            return
+        self.engine.log.access(self.client_address, self.command, self.path, code)
+
+    def _send(self, code: int, body=b"", content_type="application/json", headers=None):
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body).encode()
+        elif isinstance(body, str):
+            body = body.encode()
+        self.send_response(code)
+        if body or code != 200 or content_type != "application/json":
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+        self._access(code)
+
+    def _error(self, code: int, message: str):
+        self._send(code, {"object": "error", "message": message, "type": _phrase(code), "param": None,
+                          "code": code})
+
+    def _body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _json_body(self, require_json_type: bool):
+        raw = self._body()
+        if require_json_type:
+            media = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+            if media != "application/json":
+                self._error(400, "[{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: "
+                                 "Only 'application/json' is allowed\", 'type': 'value_error'}]")
+                return None
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError as exc:
+            self._error(400, f"JSON decode error: {exc}")
+            return None
+
+    def _authorized(self) -> bool:
+        key = self.engine.args.api_key
+        if not key or self.path.startswith("/health") or self.path.startswith("/metrics"):
+            return True
+        if self.headers.get("Authorization") == "Bearer " + key:
+            return True
+        self._send(401, {"error": "Unauthorized"})
+        return False
+
+    # ------------------------------------------------------------------ routing
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if not self._authorized():
+            return
+        route = {
+            "/health": self._health, "/health_generate": self._health,
+            "/server_info": self._server_info, "/get_server_info": self._get_server_info,
+            "/model_info": self._model_info, "/get_model_info": self._model_info,
+            "/v1/models": self._models, "/ping": self._ping, "/get_load": self._load,
+            "/metrics": self._metrics,
+        }.get(path)
+        if route is None:
+            self._send(404, {"detail": "Not Found"})
+        else:
+            route()
+
+    def do_POST(self):
+        path = self.path.split("?", 1)[0]
+        if not self._authorized():
+            self._body()
+            return
+        route = {"/generate": self._generate, "/v1/chat/completions": self._chat,
+                 "/v1/completions": self._completions}.get(path)
+        if route is None:
+            self._body()
+            self._send(404, {"detail": "Not Found"})
+        else:
+            route()
+
+    do_PUT = do_POST
+
+    # ------------------------------------------------------------------ endpoints
+    def _health(self):
+        ok = self.engine.health_generate()
+        self._send(200 if ok else 503, b"", content_type="text/plain" if not ok else "application/json")
+
+    def _ping(self):
+        self._send(200, b"")
+
+    def _server_info(self):
+        self._send(200, self.engine.server_info())
+
+    def _get_server_info(self):
+        self.engine.log.warning("The /get_server_info endpoint is deprecated and will be removed in a "
+                                "future version. Please use /server_info instead.")
+        self._server_info()
+
+    def _model_info(self):
+        self._send(200, self.engine.model_info())
+
+    def _models(self):
+        e = self.engine
+        self._send(200, {"object": "list", "data": [{
+            "id": e.args.served_model_name, "object": "model", "created": int(e.started_at),
+            "owned_by": "sglang-rehearsal", "root": e.args.served_model_name, "parent": None,
+            "max_model_len": e.args.context_length}]})
+
+    def _load(self):
+        self._send(200, [{"dp_rank": r, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+                         for r in range(self.engine.dp_ranks)])
+
+    def _metrics(self):
+        e = self.engine
+        if not e.args.enable_metrics:
+            self._send(404, {"detail": "Not Found"})
+            return
+        name = e.args.served_model_name
+        text = (f'# HELP sglang:num_running_reqs The number of running requests.\n'
+                f'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name="{name}"}} 0.0\n'
+                f'# HELP sglang:generation_requests_total Generation requests served (rehearsal).\n'
+                f'# TYPE sglang:generation_requests_total counter\n'
+                f'sglang:generation_requests_total{{model_name="{name}"}} {float(e.requests_served)}\n'
+                f'# HELP sglang:max_total_num_tokens KV pool size in tokens.\n'
+                f'# TYPE sglang:max_total_num_tokens gauge\n'
+                f'sglang:max_total_num_tokens{{model_name="{name}"}} {float(e.plan.max_total_num_tokens)}\n')
+        self._send(200, text, content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    def _generate(self):
+        body = self._json_body(require_json_type=False)
+        if body is None:
+            return
+        texts = body.get("text", body.get("input_ids"))
+        if texts is None:
+            self._send(400, {"error": {"message": "Either text or input_ids should be provided."}})
+            return
+        batch = isinstance(texts, list) and texts and not isinstance(texts[0], int)
+        items = texts if batch else [texts]
+        params = body.get("sampling_params") or {}
+        if isinstance(params, list):
+            params = params[0] if params else {}
+        max_new = int(params.get("max_new_tokens", 128))
+        results = []
+        for item in items:
+            result = self.engine.generate(count_tokens(item), max_new)
+            if isinstance(result, str):
+                self._send(400, {"error": {"message": result}})
+                return
+            results.append(result)
+        if body.get("stream") and not batch:
+            self._stream_generate(results[0])
+        else:
+            out = [self._generate_json(r) for r in results]
+            self._send(200, out if batch else out[0])
+        self.engine.after_request()
+
+    def _generate_json(self, r, upto=None):
+        n = r["completion_tokens"] if upto is None else upto
+        return {"text": fake_text(n), "output_ids": list(range(n)), "meta_info": {
+            "id": r["id"], "finish_reason": {"type": "length", "length": r["completion_tokens"]}
+            if upto is None or upto == r["completion_tokens"] else None,
+            "prompt_tokens": r["prompt_tokens"], "weight_version": self.engine.args.weight_version,
+            "completion_tokens": n, "cached_tokens": 0, "e2e_latency": r["latency"]}}
+
+    def _stream_generate(self, r):
+        self._start_stream()
+        for n in range(1, r["completion_tokens"] + 1):
+            self.engine.token_delay()
+            self._chunk(self._generate_json(r, upto=n))
+        self._chunk("[DONE]")
+
+    def _openai(self, chat: bool):
+        body = self._json_body(require_json_type=True)
+        if body is None:
+            return
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                self._error(400, "messages: a non-empty list is required")
+                return
+            prompt = sum(count_tokens(m.get("content", "")) if isinstance(m, dict) else 1 for m in messages)
+        else:
+            if "prompt" not in body:
+                self._error(400, "prompt: field required")
+                return
+            prompt = count_tokens(body["prompt"])
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        n_out = int(max_tokens) if max_tokens is not None else 16
+        finish = "length" if max_tokens is not None else "stop"
+        r = self.engine.generate(prompt, n_out)
+        if isinstance(r, str):
+            self._error(400, r)
+            return
+        model = body.get("model") or self.engine.args.served_model_name
+        created = int(time.time())
+        rid = r["id"]
+        usage = {"prompt_tokens": prompt, "total_tokens": prompt + n_out, "completion_tokens": n_out,
+                 "prompt_tokens_details": None}
+        if body.get("stream"):
+            self._start_stream()
+            for i in range(n_out):
+                self.engine.token_delay()
+                word = (" " if i else "") + WORDS[i % len(WORDS)]
+                if chat:
+                    delta = {"role": "assistant", "content": word} if i == 0 else {"content": word}
+                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+                    obj = "chat.completion.chunk"
+                else:
+                    choice = {"index": 0, "text": word, "logprobs": None, "finish_reason": None}
+                    obj = "text_completion"
+                self._chunk({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]})
+            last = {"index": 0, "logprobs": None, "finish_reason": finish}
+            last.update({"delta": {}} if chat else {"text": ""})
+            final = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                     "created": created, "model": model, "choices": [last]}
+            if (body.get("stream_options") or {}).get("include_usage"):
+                final["usage"] = usage
+            self._chunk(final)
+            self._chunk("[DONE]")
+        else:
+            text = fake_text(n_out)
+            if chat:
+                choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                                  "tool_calls": None}, "logprobs": None,
+                          "finish_reason": finish, "matched_stop": None}
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+                obj = "text_completion"
+            self._send(200, {"id": rid, "object": obj, "created": created, "model": model,
+                             "choices": [choice], "usage": usage})
+        self.engine.after_request()
+
+    def _chat(self):
+        self._openai(chat=True)
+
+    def _completions(self):
+        self._openai(chat=False)
+
+    # ------------------------------------------------------------------ server-sent events
+    def _start_stream(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        self._access(200)
+
+    def _chunk(self, data):
+        payload = data if isinstance(data, str) else json.dumps(data)
+        self.wfile.write(b"data: " + payload.encode() + b"\n\n")
+        self.wfile.flush()
+
+
+def _phrase(code: int) -> str:
+    return {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 503: "Service Unavailable"}.get(code, str(code))
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def serve(server: EngineHTTPServer) -> threading.Thread:
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True,
+                              name="http")
+    thread.start()
+    return thread
