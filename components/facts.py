@@ -145,6 +145,14 @@ class HostFacts:
     kernel: str
     problems: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> "HostFacts":
+        """Back from `as_dict` (Pulumi state drops null values, so every field has a default)."""
+        return cls(gpus=[Gpu(**g) for g in d.get("gpus") or []], driver_version=d.get("driver_version", ""),
+                   cuda_driver_version=d.get("cuda_driver_version", ""), interconnect=d.get("interconnect", "unknown"),
+                   toolkit_version=d.get("toolkit_version"), os=d.get("os", ""), kernel=d.get("kernel", ""),
+                   problems=list(d.get("problems") or []))
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["gpu_count"] = len(self.gpus)

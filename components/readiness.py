@@ -98,6 +98,12 @@ def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: 
     return Verdict(None, phase_of(obs))
 
 
+def _number(value: Any) -> Optional[float]:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
 def compare_layout(declared: dict[str, Any], server_info: dict[str, Any]) -> list[dict[str, Any]]:
     """Each field where the running server differs from the declaration."""
     out = []
@@ -107,6 +113,9 @@ def compare_layout(declared: dict[str, Any], server_info: dict[str, Any]) -> lis
         want, have = declared[key], server_info.get(key)
         if isinstance(want, bool) or isinstance(have, bool):
             same = bool(want) == bool(have)
+        elif _number(want) is not None and _number(have) is not None:
+            # Pulumi state turns ints into floats (8 -> 8.0): compare numbers as numbers.
+            same = _number(want) == _number(have)
         else:
             same = str(want) == str(have)
         if not same:

@@ -16,7 +16,7 @@ from typing import Any, Optional
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import readiness as R
-from ..facts import FACTS_SCRIPT, check_facts, parse_facts, parse_systemctl_show
+from ..facts import FACTS_SCRIPT, HostFacts, check_facts, parse_facts, parse_systemctl_show
 from . import probe, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
@@ -55,9 +55,7 @@ class HostFactsProvider(ResourceProvider):
         return parse_facts(out.stdout).as_dict()
 
     def _check(self, props: dict, facts_dict: dict) -> list[str]:
-        from ..facts import Gpu, HostFacts
-        facts = HostFacts(**{k: v for k, v in facts_dict.items() if k in HostFacts.__dataclass_fields__})
-        facts.gpus = [Gpu(**g) if isinstance(g, dict) else g for g in facts.gpus]
+        facts = HostFacts.from_dict(facts_dict)
         e = props["expect"]
         return check_facts(facts, gpu_count=int(e["gpuCount"]), gpu_memory_gb=float(e["gpuMemoryGb"]),
                            interconnect=e["interconnect"], needed_gpus=int(e["neededGpus"]))
@@ -308,7 +306,7 @@ class ReadinessProvider(ResourceProvider):
         addr = probe.probe_address(props["bind"])
         state = probe.unit_state(t, props["unit"])
         obs = probe.observe(t, props["unit"], addr, int(props["port"]), 60, int(time.time()) - 86400, 0)
-        report = R.Report(status=R.READY, unit=props["unit"], url=f"http://{addr}:{props['port']}",
+        report = R.Report(status=R.READY, unit=props["unit"], url=f"http://{addr}:{int(props['port'])}",
                           checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         if state.active_state != "active":
             report.status, report.reason = "down", f"unit is {state.active_state}"
