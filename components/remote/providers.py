@@ -110,6 +110,9 @@ class RemoteFileProvider(ResourceProvider):
         mode = int(props.get("mode", "0644"), 8)
         if current != data or ssh.stat_mode(t, props["path"]) != mode:
             ssh.write_file(t, props["path"], data, mode)
+            if props.get("reloadSystemd") and current is not None:
+                # systemd must load the repaired file; a new unit is loaded by the service step.
+                ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
         return {**props, "sha256": hashlib.sha256(data).hexdigest()}
 
     def create(self, props):

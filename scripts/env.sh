@@ -1,0 +1,62 @@
+# scripts/env.sh — THE environment for running the Pulumi engine offline. Source it (bash):
+#     source scripts/env.sh
+# Used by the scripts, the tests (tests/pulumi_env.py sources this very file) and the README.
+# Build the engine first: scripts/bootstrap-pulumi (scripts/setup runs it).
+#
+# What it sets (variables marked "default" keep a value you set before sourcing):
+#   PATH                         the cached engine bin dir first (pulumi, the Python language host,
+#                                the dynamic-provider launcher, pulumi-resource-command). The CLI
+#                                takes language hosts and resource providers from PATH before its
+#                                plugin cache, so nothing is ever installed into PULUMI_HOME.
+#   GPU_SERVING_PULUMI_BIN       that bin dir; GPU_SERVING_PULUMI_ROOT its parent, which is what the
+#                                Automation API wants: PulumiCommand(root=$GPU_SERVING_PULUMI_ROOT)
+#   PULUMI_SKIP_UPDATE_CHECK=true, PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+#                                no network: a missing plugin fails at once, naming the plugin,
+#                                instead of hanging on a download
+#   PULUMI_BACKEND_URL           default file://<repo>/.pulumi-state (git-ignored; created)
+#   PULUMI_CONFIG_PASSPHRASE     default "gpu-serving-local", only when neither it nor
+#                                PULUMI_CONFIG_PASSPHRASE_FILE is set. It encrypts the secrets in
+#                                Pulumi.<stack>.yaml and in the state: fine for the rehearsal host;
+#                                for a real host set your own passphrase before sourcing.
+#   PULUMI_HOME                  default ${GPU_SERVING_CACHE:-/var/cache/gpu-serving}/pulumi-home
+#                                (tests set their own per run)
+# Versions: scripts/versions.env. Cache root: ${GPU_SERVING_CACHE:-/var/cache/gpu-serving}.
+
+_gs_repo=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
+# shellcheck source=versions.env
+. "$_gs_repo/scripts/versions.env"
+_gs_cache=${GPU_SERVING_CACHE:-/var/cache/gpu-serving}
+
+export GPU_SERVING_PULUMI_ROOT="$_gs_cache/pulumi/v$PULUMI_VERSION"
+export GPU_SERVING_PULUMI_BIN="$GPU_SERVING_PULUMI_ROOT/bin"
+export PULUMI_VERSION PULUMI_PYTHON_SDK_VERSION PULUMI_COMMAND_VERSION
+
+# Bin dir first on PATH, exactly once.
+_gs_path=":${PATH:-}:"
+_gs_path=${_gs_path//":$GPU_SERVING_PULUMI_BIN:"/:}
+_gs_path=${_gs_path#:}
+_gs_path=${_gs_path%:}
+export PATH="$GPU_SERVING_PULUMI_BIN${_gs_path:+:$_gs_path}"
+
+export PULUMI_SKIP_UPDATE_CHECK=true
+export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+
+if [ -z "${PULUMI_BACKEND_URL:-}" ]; then
+  mkdir -p "$_gs_repo/.pulumi-state"
+  export PULUMI_BACKEND_URL="file://$_gs_repo/.pulumi-state"
+fi
+
+if [ -z "${PULUMI_CONFIG_PASSPHRASE+x}" ] && [ -z "${PULUMI_CONFIG_PASSPHRASE_FILE:-}" ]; then
+  export PULUMI_CONFIG_PASSPHRASE=gpu-serving-local
+fi
+
+if [ -z "${PULUMI_HOME:-}" ]; then
+  export PULUMI_HOME="$_gs_cache/pulumi-home"
+fi
+mkdir -p "$PULUMI_HOME" 2>/dev/null || true
+
+if [ ! -x "$GPU_SERVING_PULUMI_BIN/pulumi" ]; then
+  echo "scripts/env.sh: no Pulumi engine at $GPU_SERVING_PULUMI_BIN yet: run scripts/bootstrap-pulumi" >&2
+fi
+
+unset _gs_repo _gs_cache _gs_path

@@ -1,0 +1,591 @@
+// Command pulumi-language-python is gpu-serving's own Python language host for the Pulumi engine.
+//
+// Why it exists: the engine runs a Python program through a "language host" plugin. Upstream's
+// host is a separate Go module (…/sdk/python/cmd/pulumi-language-python/v3) that the Go module
+// proxy reachable from our machines does not serve, so scripts/bootstrap-pulumi builds this one
+// instead. It is written for this project against the public gRPC contract in
+// github.com/pulumi/pulumi/sdk/v3/proto/go (LanguageRuntime) and implements what the engine needs
+// to preview/update/refresh/destroy a Python program:
+//
+//   - Run: starts `<python> -u pulumi-language-python-exec …` (the runner script shipped in the
+//     sdk/v3 module, installed beside this binary) with the engine/monitor addresses, stack,
+//     project and config, and maps its exit status to the engine's RunResponse.
+//   - GetRequiredPackages / GetRequiredPlugins: every `pulumi-plugin.json` with "resource": true
+//     found in the program's Python environment (so missing provider plugins are reported before
+//     the program runs).
+//   - GetPluginInfo, About, GetProgramDependencies, InstallDependencies (venv + pip install -r
+//     requirements.txt), RuntimeOptionsPrompts, Handshake, Cancel.
+//
+// Supported runtime options (Pulumi.yaml `runtime.options`): `virtualenv` (a path, relative to the
+// project root) and `toolchain: pip` (the default). uv and poetry toolchains are not supported.
+// Without `virtualenv`, $PULUMI_PYTHON_CMD or python3 on PATH runs the program.
+//
+// The engine starts the host as `pulumi-language-python [--logtostderr] [-v=N] [--tracing URL]
+// ENGINE_ADDRESS`; the host prints the port it listens on (127.0.0.1) as its first stdout line.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/emptypb"
+)
+
+// version is stamped by scripts/bootstrap-pulumi (-X main.version=…).
+var version = "0.0.0-dev"
+
+// bailExitCode is the runner script's "an error was already shown to the user" status.
+const bailExitCode = 32
+
+// execScriptName is the runner script that must sit beside this binary.
+const execScriptName = "pulumi-language-python-exec"
+
+// pluginScanScript prints, as JSON, the resource plugins declared by the packages installed in
+// the interpreter's environment (each `pulumi-plugin.json` whose "resource" is true).
+const pluginScanScript = `
+import json, importlib.metadata as md
+found = []
+for dist in md.distributions():
+    for f in dist.files or []:
+        if f.name != "pulumi-plugin.json":
+            continue
+        try:
+            data = json.loads(f.read_text())
+        except Exception:
+            continue
+        if not isinstance(data, dict) or not data.get("resource"):
+            continue
+        name = data.get("name") or dist.metadata["Name"].replace("pulumi_", "").replace("pulumi-", "")
+        found.append({
+            "name": name,
+            "version": data.get("version") or dist.version,
+            "server": data.get("server") or "",
+            "parameterization": data.get("parameterization"),
+        })
+print(json.dumps(found))
+`
+
+// distListScript prints the installed distributions as JSON [{name, version}].
+const distListScript = `
+import json, importlib.metadata as md
+print(json.dumps(sorted(({"name": d.metadata["Name"], "version": d.version} for d in md.distributions()), key=lambda d: d["name"].lower())))
+`
+
+type host struct {
+	pulumirpc.UnimplementedLanguageRuntimeServer
+
+	mu            sync.Mutex
+	engineAddress string
+	execScript    string
+}
+
+func main() {
+	engine, err := parseArgs(os.Args[1:])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pulumi-language-python: %v\n", err)
+		os.Exit(2)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pulumi-language-python: cannot locate own binary: %v\n", err)
+		os.Exit(1)
+	}
+	if resolved, err := filepath.EvalSymlinks(self); err == nil {
+		self = resolved
+	}
+	h := &host{
+		engineAddress: engine,
+		execScript:    filepath.Join(filepath.Dir(self), execScriptName),
+	}
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "pulumi-language-python: listen: %v\n", err)
+		os.Exit(1)
+	}
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(400 * 1024 * 1024))
+	pulumirpc.RegisterLanguageRuntimeServer(srv, h)
+
+	// The engine reads the port from our first line of output.
+	fmt.Printf("%d\n", lis.Addr().(*net.TCPAddr).Port)
+
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		fmt.Fprintf(os.Stderr, "pulumi-language-python: serve: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// parseArgs accepts the engine's logging/tracing flags (ignored) and returns the positional
+// engine address (optional: absent when the host is attached by port).
+func parseArgs(args []string) (string, error) {
+	var positional []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--tracing" || a == "-tracing" || a == "--root" || a == "-root":
+			i++ // takes a value
+		case strings.HasPrefix(a, "-"):
+			// --logtostderr, -v=N, --tracing=URL, --logflow …: nothing to do here.
+		default:
+			positional = append(positional, a)
+		}
+	}
+	if len(positional) > 1 {
+		return "", fmt.Errorf("unexpected arguments %q (want at most ENGINE_ADDRESS)", positional)
+	}
+	if len(positional) == 1 {
+		return positional[0], nil
+	}
+	return "", nil
+}
+
+// ---- where the program's Python comes from --------------------------------------------------
+
+type pythonEnv struct {
+	python     string // interpreter to run
+	virtualenv string // absolute venv dir, "" when none
+}
+
+func optionString(info *pulumirpc.ProgramInfo, key string) string {
+	if info == nil || info.GetOptions() == nil {
+		return ""
+	}
+	v, ok := info.GetOptions().AsMap()[key]
+	if !ok || v == nil {
+		return ""
+	}
+	if s, ok := v.(string); ok {
+		return s
+	}
+	return fmt.Sprint(v)
+}
+
+// resolvePython finds the interpreter for a program. A configured virtualenv must exist: creating
+// it is `pulumi install` (InstallDependencies) or the project's own setup script, never a side
+// effect of a preview.
+func resolvePython(info *pulumirpc.ProgramInfo) (pythonEnv, error) {
+	if tc := optionString(info, "toolchain"); tc != "" && tc != "pip" {
+		return pythonEnv{}, fmt.Errorf("runtime option toolchain=%q is not supported by this language host "+
+			"(only pip with an optional virtualenv)", tc)
+	}
+	if venv := venvDir(info); venv != "" {
+		py := filepath.Join(venv, "bin", "python")
+		if _, err := os.Stat(py); err != nil {
+			return pythonEnv{}, fmt.Errorf("the virtualenv %s (Pulumi.yaml runtime.options.virtualenv) has no bin/python; "+
+				"create it first: python3 -m venv %s && %s -m pip install -r requirements.txt", venv, venv, py)
+		}
+		return pythonEnv{python: py, virtualenv: venv}, nil
+	}
+	cmd := os.Getenv("PULUMI_PYTHON_CMD")
+	if cmd == "" {
+		cmd = "python3"
+	}
+	py, err := exec.LookPath(cmd)
+	if err != nil {
+		return pythonEnv{}, fmt.Errorf("no Python interpreter: %q not found on PATH (set PULUMI_PYTHON_CMD "+
+			"or runtime.options.virtualenv in Pulumi.yaml)", cmd)
+	}
+	return pythonEnv{python: py}, nil
+}
+
+// venvDir is the absolute virtualenv directory named by the runtime options, or "".
+func venvDir(info *pulumirpc.ProgramInfo) string {
+	venv := optionString(info, "virtualenv")
+	if venv == "" {
+		return ""
+	}
+	if !filepath.IsAbs(venv) {
+		venv = filepath.Join(info.GetRootDirectory(), venv)
+	}
+	return filepath.Clean(venv)
+}
+
+// environ is the environment for a child Python process, with extra KEY=VALUE entries last.
+func (p pythonEnv) environ(extra ...string) []string {
+	env := make([]string, 0, len(os.Environ())+len(extra)+2)
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if p.virtualenv != "" && (k == "PYTHONHOME" || k == "PATH" || k == "VIRTUAL_ENV") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	if p.virtualenv != "" {
+		env = append(env,
+			"VIRTUAL_ENV="+p.virtualenv,
+			"PATH="+filepath.Join(p.virtualenv, "bin")+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
+	return append(env, extra...)
+}
+
+// command builds a child process that dies with this host (the engine may kill us abruptly).
+func (p pythonEnv) command(ctx context.Context, dir string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, p.python, args...)
+	cmd.Dir = dir
+	cmd.Env = p.environ()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	return cmd
+}
+
+// runScript runs an inline Python script and returns its stdout.
+func (p pythonEnv) runScript(ctx context.Context, dir, script string) ([]byte, error) {
+	cmd := p.command(ctx, dir, "-c", script)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("%s -c <script>: %w: %s", p.python, err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+func programDir(info *pulumirpc.ProgramInfo, fallback string) string {
+	if d := info.GetProgramDirectory(); d != "" {
+		return d
+	}
+	if fallback != "" {
+		return fallback
+	}
+	return "."
+}
+
+// ---- LanguageRuntime ---------------------------------------------------------------------------
+
+func (h *host) Handshake(_ context.Context, req *pulumirpc.LanguageHandshakeRequest,
+) (*pulumirpc.LanguageHandshakeResponse, error) {
+	h.mu.Lock()
+	h.engineAddress = req.GetEngineAddress()
+	h.mu.Unlock()
+	return &pulumirpc.LanguageHandshakeResponse{}, nil
+}
+
+func (h *host) GetPluginInfo(context.Context, *emptypb.Empty) (*pulumirpc.PluginInfo, error) {
+	return &pulumirpc.PluginInfo{Version: version}, nil
+}
+
+type declaredPlugin struct {
+	Name             string `json:"name"`
+	Version          string `json:"version"`
+	Server           string `json:"server"`
+	Parameterization *struct {
+		Name    string `json:"name"`
+		Version string `json:"version"`
+		Value   string `json:"value"` // base64
+	} `json:"parameterization"`
+}
+
+// declaredPlugins lists the resource plugins that the program's installed packages declare.
+func declaredPlugins(ctx context.Context, info *pulumirpc.ProgramInfo, pwd string) ([]declaredPlugin, error) {
+	py, err := resolvePython(info)
+	if err != nil {
+		return nil, err
+	}
+	out, err := py.runScript(ctx, programDir(info, pwd), pluginScanScript)
+	if err != nil {
+		return nil, fmt.Errorf("listing the program's resource plugins: %w", err)
+	}
+	var found []declaredPlugin
+	if err := json.Unmarshal(out, &found); err != nil {
+		return nil, fmt.Errorf("listing the program's resource plugins: bad output %q: %w", out, err)
+	}
+	seen := map[string]bool{}
+	unique := found[:0]
+	for _, p := range found {
+		key := p.Name + "@" + p.Version
+		if p.Parameterization != nil {
+			key += "/" + p.Parameterization.Name + "@" + p.Parameterization.Version
+		}
+		if !seen[key] {
+			seen[key] = true
+			unique = append(unique, p)
+		}
+	}
+	return unique, nil
+}
+
+func (h *host) GetRequiredPackages(ctx context.Context, req *pulumirpc.GetRequiredPackagesRequest,
+) (*pulumirpc.GetRequiredPackagesResponse, error) {
+	plugins, err := declaredPlugins(ctx, req.GetInfo(), "")
+	if err != nil {
+		return nil, err
+	}
+	resp := &pulumirpc.GetRequiredPackagesResponse{}
+	for _, p := range plugins {
+		dep := &pulumirpc.PackageDependency{Kind: "resource", Name: p.Name, Version: p.Version, Server: p.Server}
+		if p.Parameterization != nil {
+			value, err := base64.StdEncoding.DecodeString(p.Parameterization.Value)
+			if err != nil {
+				return nil, fmt.Errorf("plugin %s: parameterization value is not base64: %w", p.Name, err)
+			}
+			dep.Parameterization = &pulumirpc.PackageParameterization{
+				Name: p.Parameterization.Name, Version: p.Parameterization.Version, Value: value,
+			}
+		}
+		resp.Packages = append(resp.Packages, dep)
+	}
+	return resp, nil
+}
+
+func (h *host) GetRequiredPlugins(ctx context.Context, req *pulumirpc.GetRequiredPluginsRequest,
+) (*pulumirpc.GetRequiredPluginsResponse, error) {
+	plugins, err := declaredPlugins(ctx, req.GetInfo(), req.GetPwd())
+	if err != nil {
+		return nil, err
+	}
+	resp := &pulumirpc.GetRequiredPluginsResponse{}
+	for _, p := range plugins {
+		if p.Parameterization != nil {
+			continue // only expressible through GetRequiredPackages
+		}
+		resp.Plugins = append(resp.Plugins, &pulumirpc.PluginDependency{
+			Kind: "resource", Name: p.Name, Version: p.Version, Server: p.Server,
+		})
+	}
+	return resp, nil
+}
+
+func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.RunResponse, error) {
+	info := req.GetInfo()
+	py, err := resolvePython(info)
+	if err != nil {
+		return &pulumirpc.RunResponse{Error: err.Error()}, nil
+	}
+	if _, err := os.Stat(h.execScript); err != nil {
+		return &pulumirpc.RunResponse{Error: fmt.Sprintf(
+			"missing executor %s: it must be installed beside pulumi-language-python (scripts/bootstrap-pulumi)",
+			h.execScript)}, nil
+	}
+
+	pwd := req.GetPwd()
+	if pwd == "" {
+		pwd = programDir(info, "")
+	}
+	program := req.GetProgram()
+	if info != nil && info.GetProgramDirectory() != "" {
+		entry := info.GetEntryPoint()
+		if entry == "" {
+			entry = "."
+		}
+		program = filepath.Join(info.GetProgramDirectory(), entry)
+	}
+	if program == "" {
+		program = "."
+	}
+
+	h.mu.Lock()
+	engine := h.engineAddress
+	h.mu.Unlock()
+
+	args := []string{"-u", h.execScript,
+		"--monitor", req.GetMonitorAddress(),
+		"--engine", engine,
+		"--project", req.GetProject(),
+		"--stack", req.GetStack(),
+		"--pwd", pwd,
+		"--dry_run", strconv.FormatBool(req.GetDryRun()),
+		"--parallel", strconv.Itoa(int(req.GetParallel())),
+	}
+	if org := req.GetOrganization(); org != "" {
+		args = append(args, "--organization", org)
+	}
+	if root := info.GetRootDirectory(); root != "" {
+		args = append(args, "--root_directory", root)
+	}
+	args = append(args, program)
+	args = append(args, req.GetArgs()...)
+
+	config := req.GetConfig()
+	if config == nil {
+		config = map[string]string{} // the runner expects a JSON object, never null
+	}
+	configJSON, err := json.Marshal(config)
+	if err != nil {
+		return nil, err
+	}
+	secretKeys := req.GetConfigSecretKeys()
+	if secretKeys == nil {
+		secretKeys = []string{}
+	}
+	secretJSON, err := json.Marshal(secretKeys)
+	if err != nil {
+		return nil, err
+	}
+
+	cmd := py.command(ctx, pwd, args...)
+	cmd.Env = py.environ(
+		"PULUMI_CONFIG="+string(configJSON),
+		"PULUMI_CONFIG_SECRET_KEYS="+string(secretJSON),
+	)
+	// The engine shows what the program prints as diagnostics.
+	cmd.Stdout = os.Stdout
+	cmd.Stderr = os.Stderr
+
+	err = cmd.Run()
+	var exitErr *exec.ExitError
+	switch {
+	case err == nil:
+		return &pulumirpc.RunResponse{}, nil
+	case errors.As(err, &exitErr):
+		code := exitErr.ExitCode()
+		if code == bailExitCode {
+			return &pulumirpc.RunResponse{Bail: true}, nil
+		}
+		if code < 0 {
+			return &pulumirpc.RunResponse{Error: fmt.Sprintf("Program was terminated: %v", exitErr)}, nil
+		}
+		return &pulumirpc.RunResponse{Error: fmt.Sprintf("Program exited with non-zero exit code: %d", code)}, nil
+	default:
+		return &pulumirpc.RunResponse{Error: fmt.Sprintf("Problem executing program (could not run %s): %v",
+			py.python, err)}, nil
+	}
+}
+
+func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumirpc.AboutResponse, error) {
+	py, err := resolvePython(req.GetInfo())
+	if err != nil {
+		return nil, err
+	}
+	out, err := py.runScript(ctx, programDir(req.GetInfo(), ""), "import platform; print(platform.python_version())")
+	if err != nil {
+		return nil, err
+	}
+	meta := map[string]string{"host": "gpu-serving pulumi-language-python"}
+	if py.virtualenv != "" {
+		meta["virtualenv"] = py.virtualenv
+	}
+	return &pulumirpc.AboutResponse{
+		Executable: py.python,
+		Version:    strings.TrimSpace(string(out)),
+		Metadata:   meta,
+	}, nil
+}
+
+func (h *host) GetProgramDependencies(ctx context.Context, req *pulumirpc.GetProgramDependenciesRequest,
+) (*pulumirpc.GetProgramDependenciesResponse, error) {
+	py, err := resolvePython(req.GetInfo())
+	if err != nil {
+		return nil, err
+	}
+	out, err := py.runScript(ctx, programDir(req.GetInfo(), req.GetPwd()), distListScript)
+	if err != nil {
+		return nil, err
+	}
+	var dists []struct{ Name, Version string }
+	if err := json.Unmarshal(out, &dists); err != nil {
+		return nil, fmt.Errorf("listing installed packages: bad output %q: %w", out, err)
+	}
+	resp := &pulumirpc.GetProgramDependenciesResponse{}
+	for _, d := range dists {
+		resp.Dependencies = append(resp.Dependencies, &pulumirpc.DependencyInfo{Name: d.Name, Version: d.Version})
+	}
+	return resp, nil
+}
+
+// streamWriter forwards a child's output to an InstallDependencies stream.
+type streamWriter struct {
+	mu     *sync.Mutex
+	send   func(*pulumirpc.InstallDependenciesResponse) error
+	stderr bool
+}
+
+func (w streamWriter) Write(p []byte) (int, error) {
+	chunk := append([]byte(nil), p...)
+	msg := &pulumirpc.InstallDependenciesResponse{Stdout: chunk}
+	if w.stderr {
+		msg = &pulumirpc.InstallDependenciesResponse{Stderr: chunk}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.send(msg); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// InstallDependencies creates the configured virtualenv when missing and installs
+// requirements.txt into it (`pulumi install`, `pulumi new`).
+func (h *host) InstallDependencies(req *pulumirpc.InstallDependenciesRequest,
+	stream grpc.ServerStreamingServer[pulumirpc.InstallDependenciesResponse],
+) error {
+	ctx := stream.Context()
+	info := req.GetInfo()
+	dir := req.GetDirectory()
+	if dir == "" {
+		dir = programDir(info, "")
+	}
+	var mu sync.Mutex
+	stdout := streamWriter{mu: &mu, send: stream.Send}
+	stderr := streamWriter{mu: &mu, send: stream.Send, stderr: true}
+
+	run := func(name string, args ...string) error {
+		fmt.Fprintf(stdout, "$ %s %s\n", name, strings.Join(args, " "))
+		cmd := exec.CommandContext(ctx, name, args...)
+		cmd.Dir = dir
+		cmd.Stdout, cmd.Stderr = stdout, stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+		}
+		return nil
+	}
+
+	py := pythonEnv{}
+	if venv := venvDir(info); venv != "" {
+		vpy := filepath.Join(venv, "bin", "python")
+		if _, err := os.Stat(vpy); err != nil {
+			base := os.Getenv("PULUMI_PYTHON_CMD")
+			if base == "" {
+				base = "python3"
+			}
+			if err := run(base, "-m", "venv", venv); err != nil {
+				return err
+			}
+		}
+		py = pythonEnv{python: vpy, virtualenv: venv}
+	} else {
+		var err error
+		if py, err = resolvePython(info); err != nil {
+			return err
+		}
+	}
+	reqs := filepath.Join(dir, "requirements.txt")
+	if _, err := os.Stat(reqs); err != nil {
+		fmt.Fprintf(stdout, "no requirements.txt in %s: nothing to install\n", dir)
+		return nil
+	}
+	return run(py.python, "-m", "pip", "install", "-r", reqs)
+}
+
+func (h *host) RuntimeOptionsPrompts(context.Context, *pulumirpc.RuntimeOptionsRequest,
+) (*pulumirpc.RuntimeOptionsResponse, error) {
+	return &pulumirpc.RuntimeOptionsResponse{}, nil
+}
+
+func (h *host) Cancel(context.Context, *emptypb.Empty) (*emptypb.Empty, error) {
+	// Running programs are children of Run's context and stop with it.
+	return &emptypb.Empty{}, nil
+}
+
+// RunPlugin would run a provider written in Python from source; this project has none.
+func (h *host) RunPlugin(*pulumirpc.RunPluginRequest, grpc.ServerStreamingServer[pulumirpc.RunPluginResponse]) error {
+	return status.Error(codes.Unimplemented, "RunPlugin is not supported by gpu-serving's pulumi-language-python")
+}
+
+var _ io.Writer = streamWriter{}
