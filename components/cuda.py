@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pulumi
 from pulumi.dynamic import Resource
@@ -35,6 +35,9 @@ from pulumi.dynamic import Resource
 from .config import CudaSettings, StackSettings
 from .errors import ConfigError, SettingError
 from .facts import parse_nvcc, parse_os_release, split_sections
+
+if TYPE_CHECKING:  # not imported at run time: the providers import this module
+    from .gpu_host import GpuHost
 
 # The special value of cuda.aptRepository that installs from the local stand-in repository.
 REHEARSAL = "rehearsal"
@@ -275,7 +278,7 @@ class CudaToolkit(pulumi.ComponentResource):
     version: pulumi.Output[Optional[str]]
     home: pulumi.Output[str]
 
-    def __init__(self, name: str, host, settings: StackSettings, opts: Optional[pulumi.ResourceOptions] = None):
+    def __init__(self, name: str, host: GpuHost, settings: StackSettings, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpu-serving:index:CudaToolkit", name, {}, opts)
         problems = settings_problems(settings.cuda)
         try:

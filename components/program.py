@@ -7,6 +7,8 @@ from pathlib import Path
 import pulumi
 
 from .config import SECTIONS, parse_settings
+from .cuda import CudaToolkit
+from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
 from .plan import build_plan, stack_names
@@ -33,15 +35,8 @@ def run() -> None:
 
     host = GpuHost("host", GpuHostArgs(settings, private_key=cfg.get_secret("sshPrivateKey")), needed_gpus=plan.world_size)
     after_host = pulumi.ResourceOptions(depends_on=[host])
-    installs = []
-    try:
-        from .cuda import CudaToolkit
-        from .venv import PythonVenv
-    except ImportError:  # built by a later change; the unit still deploys against what the host has
-        CudaToolkit = PythonVenv = None
-    if CudaToolkit is not None:
-        installs.append(CudaToolkit("cuda", host, settings, after_host))
-        installs.append(PythonVenv("venv", host, settings, after_host))
+    # Shared by every strategy stack of the host; a stack's destroy leaves them in place.
+    installs = [CudaToolkit("cuda", host, settings, after_host), PythonVenv("venv", host, settings, after_host)]
 
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None

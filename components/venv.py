@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pulumi
 from pulumi.dynamic import Resource
@@ -30,6 +30,9 @@ from pulumi.dynamic import Resource
 from .config import StackSettings, VenvSettings
 from .errors import ConfigError, SettingError
 from .facts import split_sections
+
+if TYPE_CHECKING:  # not imported at run time: the providers import this module
+    from .gpu_host import GpuHost
 
 REHEARSAL = "rehearsal"
 # Where pushed wheels live on the host (one wheelhouse per host, shared by the stacks).
@@ -276,7 +279,7 @@ class PythonVenv(pulumi.ComponentResource):
     python: pulumi.Output[str]
     packages: pulumi.Output[dict]
 
-    def __init__(self, name: str, host, settings: StackSettings, opts: Optional[pulumi.ResourceOptions] = None):
+    def __init__(self, name: str, host: GpuHost, settings: StackSettings, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpu-serving:index:PythonVenv", name, {}, opts)
         try:
             props = install_props(settings.venv)

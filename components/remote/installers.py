@@ -160,10 +160,15 @@ class CudaToolkitProvider(ResourceProvider):
                             "-o", "APT::Get::List-Cleanup=0", "update"]),
                 purpose=f"apt-get update of {source.uri}", timeout=LOCK_WAIT + 600)
         _progress(f"cuda: {action.reason}")
-        ssh.run(t, _locked([*apt, "install", "-y", "--no-install-recommends",
-                            "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
-                            *(["--reinstall"] if action.action == "reinstall" else []), *action.packages]),
-                purpose=f"apt-get install {' '.join(action.packages)}", timeout=LOCK_WAIT + float(props.get("installTimeout") or C.INSTALL_TIMEOUT))
+        try:
+            ssh.run(t, _locked([*apt, "install", "-y", "--no-install-recommends",
+                                "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
+                                *(["--reinstall"] if action.action == "reinstall" else []), *action.packages]),
+                    purpose=f"apt-get install {' '.join(action.packages)}",
+                    timeout=LOCK_WAIT + float(props.get("installTimeout") or C.INSTALL_TIMEOUT))
+        except ssh.RemoteError as exc:
+            raise ssh.RemoteError(f"{exc}\n(only the CUDA source was updated; if a dependency from the distribution is "
+                                  f"missing or gives 404, run apt-get update on {t.label} once and `up` again)") from None
         return source.line
 
     def _converge(self, props: dict) -> dict:
@@ -240,6 +245,9 @@ class PythonVenvProvider(ResourceProvider):
         t = _target(props)
         path, python = props["path"], props["python"]
         observed = self._probe(t, path)
+        refuse = V.venv_plan(python=python, packages=props["packages"], observed=observed, rebuilt_wheels=[]).refuse
+        if refuse:
+            raise ssh.RemoteError(f"{t.label}: {refuse}")
         wheelhouse = props.get("wheelhouse")
         pushed: list[str] = []
         if wheelhouse:
@@ -252,8 +260,6 @@ class PythonVenvProvider(ResourceProvider):
                 _progress(f"venv: pushed {', '.join(pushed)} to {wheelhouse['remoteDir']}")
         plan = V.venv_plan(python=python, packages=props["packages"], observed=observed,
                            rebuilt_wheels=pushed if wheelhouse else [])
-        if plan.refuse:
-            raise ssh.RemoteError(f"{t.label}: {plan.refuse}")
         if not (plan.create or plan.install or plan.force_reinstall):
             _progress(f"venv: {path} has python {observed.python} and {', '.join(props['packages'])}; nothing to do")
             return self._outs(props, observed)

@@ -78,9 +78,6 @@ def test_ep8_from_the_venv_reaches_ready(venv, launch, engine_env, state_dir):
     assert not list(state_dir.iterdir()), "the usage record goes away with the engine"
 
 
-@pytest.mark.skipif(not (importlib.util.find_spec("wheel") or importlib.util.find_spec("setuptools") and
-                         tuple(int(x) for x in __import__("setuptools").__version__.split(".")[:2]) >= (70, 1)),
-                    reason="pip wheel needs setuptools>=70.1 or the wheel package (rehearsal.engine_wheel does not)")
 def test_pip_wheel_builds_the_same_package(tmp_path):
     src = tmp_path / "src"
     shutil.copytree(ENGINE_SRC, src)  # pip builds in place; keep the work tree clean
