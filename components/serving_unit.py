@@ -65,6 +65,11 @@ class ServingUnit(pulumi.ComponentResource):
             "readiness": s.readiness.model_dump(by_alias=True),
             "secretEnvironment": secret_environment if secret_environment is not None else {},
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.environment_file, self.unit_file])))
+        if pulumi.runtime.is_dry_run():
+            # The engine's display shortens a new multi-line value to its first lines; a preview
+            # must show the whole unit that would be written (changes to an existing one show
+            # as a line diff of `content`).
+            pulumi.log.info(f"{plan.unit.name} as it will be written:\n{plan.unit.text}", resource=self.unit_file)
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport
         self.register_outputs({"unit": self.unit_name, "active": self.active})

@@ -1,0 +1,75 @@
+"""A deployable copy of the project, pointed at a rehearsal host booted for this test session,
+driven by the real Pulumi engine through the Automation API."""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from pulumi import automation as auto
+
+from tests.pulumi_env import REPO, EngineMissing, engine_env, pulumi_command, require_engine
+
+VENV = REPO / ".venv"
+IGNORE = shutil.ignore_patterns(".git", ".venv", ".pulumi-state", "__pycache__", ".pytest_cache", "tests", "bench", "docs")
+
+# Fast rehearsal: the engine loads in a second; deadlines sized for that.
+FAST_ENV = {"REHEARSAL_LOAD_SECONDS": "1", "REHEARSAL_WARMUP_SECONDS": "0.5"}
+FAST_READINESS = {"timeoutSeconds": 90, "pollInitialSeconds": 0.5, "pollMaxSeconds": 2, "settleSeconds": 1,
+                  "generationTimeoutSeconds": 20}
+
+
+@dataclass
+class Deployment:
+    env: dict
+    project: Path
+    host: object  # rehearsal.HostInfo
+
+    def stack(self, name: str) -> auto.Stack:
+        ws = auto.LocalWorkspaceOptions(work_dir=str(self.project), pulumi_home=self.env["PULUMI_HOME"],
+                                        env_vars=self.env, pulumi_command=pulumi_command(self.env))
+        return auto.create_or_select_stack(stack_name=name, work_dir=str(self.project), opts=ws)
+
+    def sh(self, cmd: str) -> str:
+        out = self.host.run(cmd, timeout=60)
+        return out.stdout
+
+    def edit_project(self, mutate) -> None:
+        path = self.project / "Pulumi.yaml"
+        doc = yaml.safe_load(path.read_text())
+        mutate(doc["config"])
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def write_stack_file(self, name: str, strategy: dict, extra: dict | None = None) -> None:
+        config = {"gpu-serving:strategy": strategy, **(extra or {})}
+        (self.project / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": config}))
+
+
+def make_deployment(tmp: Path, host) -> Deployment:
+    (tmp / "state").mkdir(parents=True, exist_ok=True)
+    env = engine_env(pulumi_home=tmp / "pulumi-home", backend_url=f"file://{tmp / 'state'}", passphrase="e2e-test")
+    try:
+        require_engine(env)
+    except EngineMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if not (VENV / "bin" / "python").exists():
+        pytest.fail(f"{VENV} missing: run scripts/setup", pytrace=False)
+    project = tmp / "project"
+    shutil.copytree(REPO, project, ignore=IGNORE, symlinks=True)
+    (project / ".venv").symlink_to(VENV)
+    d = Deployment(env, project, host)
+
+    def point_at_test_host(config):
+        config["gpu-serving:host"]["value"]["rehearsal"] = host.name
+        config["gpu-serving:serving"]["value"]["environment"].update(FAST_ENV)
+        config["gpu-serving:readiness"] = {"value": FAST_READINESS}
+    d.edit_project(point_at_test_host)
+    return d
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, rehearsal_host_factory):
+    host = rehearsal_host_factory()
+    return make_deployment(tmp_path_factory.mktemp("e2e"), host)

@@ -1,0 +1,114 @@
+"""Issue 5, end to end: deploy, switch, drift, repair, destroy — the real Pulumi engine, a real
+systemd + sshd host, the rehearsal engine under real units. The steps run in order and share
+one host, as a user's day would."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from pulumi import automation as auto
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+UNIT = "sglang-kimi-k2.6-{}.service"
+
+
+def is_active(d, stack):
+    return d.sh(f"systemctl is-active {UNIT.format(stack)}").strip()
+
+
+def test_up_tp8_is_ready(deployment):
+    d = deployment
+    result = d.stack("tp8").up(on_output=print)
+    r = result.outputs["readiness"].value
+    assert r["status"] == "ready", r
+    assert r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == 1
+    assert "rehearsal" in r["version"]
+    assert is_active(d, "tp8") == "active"
+    assert d.sh("stat -c %a /etc/gpu-serving/kimi-k2.6.env").strip() == "600"
+    facts = result.outputs["host"].value
+    assert facts["gpu_count"] == 8 and facts["interconnect"] == "pcie"
+
+
+def test_preview_ep8_shows_the_unit_to_create(deployment):
+    d = deployment
+    lines = []
+    preview = d.stack("ep8").preview(diff=True, on_output=lines.append)
+    text = "\n".join(lines) + preview.stdout + preview.stderr
+    summary = preview.change_summary
+    assert set(summary) <= {"create", "same"}, summary  # nothing deleted or replaced
+    assert "--ep-size 8" in text and "sglang-kimi-k2.6-ep8.service" in text
+    # the host has not been touched by the preview
+    assert d.sh("test -e /etc/systemd/system/sglang-kimi-k2.6-ep8.service && echo yes || echo no").strip() == "no"
+
+
+def test_up_ep8_switches(deployment):
+    d = deployment
+    result = d.stack("ep8").up(on_output=print)
+    r = result.outputs["readiness"].value
+    assert r["status"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == 8
+    assert is_active(d, "ep8") == "active"
+    assert is_active(d, "tp8") == "inactive"
+
+
+def test_hand_edited_unit_is_drift_and_repaired(deployment):
+    d = deployment
+    path = "/etc/systemd/system/" + UNIT.format("ep8")
+    original = d.sh(f"cat {path}")
+    d.sh(f"sed -i 's/--max-running-requests 64/--max-running-requests 128/' {path}")
+    lines = []
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    text = "\n".join(lines) + str(info.value)
+    assert "unit-file" in text and "max-running-requests" in text
+    d.stack("ep8").up(refresh=True, on_output=print)
+    assert d.sh(f"cat {path}") == original
+    assert is_active(d, "ep8") == "active"
+
+
+def test_stopped_unit_is_drift_and_restarted(deployment):
+    d = deployment
+    d.sh(f"systemctl stop {UNIT.format('ep8')}")
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True)
+    assert "service" in str(info.value)
+    result = d.stack("ep8").up(refresh=True, on_output=print)
+    assert result.outputs["readiness"].value["status"] == "ready"
+    assert is_active(d, "ep8") == "active"
+
+
+def test_second_up_changes_nothing_on_the_host(deployment):
+    d = deployment
+    probe = ("stat -c '%Y %a' /etc/systemd/system/" + UNIT.format("ep8") + " /etc/gpu-serving/kimi-k2.6.env; "
+             f"systemctl show -p MainPID -p NRestarts -p ActiveEnterTimestamp {UNIT.format('ep8')}")
+    before = d.sh(probe)
+    result = d.stack("ep8").up(on_output=print)
+    changes = {k: v for k, v in (result.summary.resource_changes or {}).items() if k != "same"}
+    assert changes == {}, changes
+    assert d.sh(probe) == before
+
+
+def test_switch_back_to_tp8(deployment):
+    d = deployment
+    result = d.stack("tp8").up(on_output=print)
+    assert result.outputs["readiness"].value["layout"]["tp_size"] == 8
+    assert is_active(d, "tp8") == "active" and is_active(d, "ep8") == "inactive"
+
+
+def test_strategy_needing_more_gpus_than_the_host_has_fails_before_writing(deployment):
+    d = deployment
+    d.write_stack_file("tp16", {"tpSize": 16}, {"gpu-serving:host": {"rehearsal": d.host.name, "gpuCount": 16, "gpuMemoryGb": 96}})
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("tp16").up(on_output=print)
+    assert "needs 16 GPUs but the host has 8" in str(info.value)
+    assert d.sh("ls /etc/systemd/system/ | grep -c tp16 || true").strip() == "0"
+    assert is_active(d, "tp8") == "active"
+
+
+def test_destroy_removes_only_its_own_unit(deployment):
+    d = deployment
+    d.stack("ep8").destroy(on_output=print)
+    units = d.sh("ls /etc/systemd/system/")
+    assert UNIT.format("ep8") not in units and UNIT.format("tp8") in units
+    assert d.sh("test -f /etc/gpu-serving/kimi-k2.6.env && echo yes").strip() == "yes"
+    assert is_active(d, "tp8") == "active"

@@ -1,0 +1,81 @@
+"""Issue 6 against a real host: each rehearsal-engine fault ends in its own named outcome, the
+error carries the journal, and the strategy that served before is serving again."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from pulumi import automation as auto
+
+from .conftest import FAST_ENV, FAST_READINESS
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+
+@pytest.fixture(scope="module")
+def serving(deployment):
+    """tp8 deployed and ready: the strategy every failed switch must fall back to."""
+    result = deployment.stack("tp8").up()
+    assert result.outputs["readiness"].value["status"] == "ready"
+    return deployment
+
+
+def fault_stack(d, name: str, fault: str, readiness: dict | None = None):
+    """A strategy stack whose engine has `fault`, with its own environment file (environmentDir)
+    so the fault never reaches the strategy it falls back to."""
+    project = yaml.safe_load((d.project / "Pulumi.yaml").read_text())["config"]
+    serving = copy.deepcopy(project["gpu-serving:serving"]["value"])
+    serving["environment"] = {**serving["environment"], **FAST_ENV, "REHEARSAL_FAULT": fault}
+    serving["environmentDir"] = f"/etc/gpu-serving/{name}"
+    d.write_stack_file(name, {"tpSize": 8, "epSize": 8}, {
+        "gpu-serving:serving": serving,
+        "gpu-serving:readiness": {**FAST_READINESS, **(readiness or {})},
+    })
+    return d.stack(name)
+
+
+def failed_up(d, name, fault, readiness=None) -> str:
+    with pytest.raises(auto.CommandError) as info:
+        fault_stack(d, name, fault, readiness).up()
+    return str(info.value)
+
+
+def tp8_serving(d) -> bool:
+    return d.sh("systemctl is-active sglang-kimi-k2.6-tp8.service").strip() == "active"
+
+
+def test_crash_during_load(serving):
+    text = failed_up(serving, "crash", "crash_during_load")
+    assert "readiness: crashed_during_load" in text
+    assert "Last lines of journalctl -u sglang-kimi-k2.6-crash.service" in text
+    assert "Rolled back: restarted sglang-kimi-k2.6-tp8.service" in text
+    assert tp8_serving(serving)
+
+
+def test_hang_times_out_at_the_deadline(serving):
+    text = failed_up(serving, "hang", "hang_during_load", {"timeoutSeconds": 6})
+    assert "readiness: timed_out" in text and "still loading" in text
+    assert tp8_serving(serving)
+
+
+def test_health_failing_after_ready_is_unhealthy(serving):
+    text = failed_up(serving, "sick", "health_fail_after_ready")
+    assert "readiness: unhealthy" in text
+    assert tp8_serving(serving)
+
+
+def test_rewritten_layout_is_a_mismatch(serving):
+    text = failed_up(serving, "rewrite", "rewrite_layout")
+    assert "readiness: layout_mismatch" in text and "ep_size declared 8" in text
+    assert tp8_serving(serving)
+
+
+def test_server_that_died_since_up_is_drift(serving):
+    d = serving
+    d.sh("systemctl kill --signal=KILL sglang-kimi-k2.6-tp8.service; systemctl stop sglang-kimi-k2.6-tp8.service")
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("tp8").preview(refresh=True, expect_no_changes=True, diff=True)
+    assert "readiness" in str(info.value) or "service" in str(info.value)
+    result = d.stack("tp8").up(refresh=True)
+    assert result.outputs["readiness"].value["status"] == "ready"
