@@ -47,7 +47,7 @@ def tp8_serving(d) -> bool:
 
 def test_crash_during_load(serving):
     text = failed_up(serving, "crash", "crash_during_load")
-    assert "readiness: crashed_during_load" in text
+    assert "readiness: crashed_during_load" in text, text[-4000:]
     assert "Last lines of journalctl -u sglang-kimi-k2.6-crash.service" in text
     assert "Rolled back: restarted sglang-kimi-k2.6-tp8.service" in text
     assert tp8_serving(serving)
@@ -55,19 +55,19 @@ def test_crash_during_load(serving):
 
 def test_hang_times_out_at_the_deadline(serving):
     text = failed_up(serving, "hang", "hang_during_load", {"timeoutSeconds": 6})
-    assert "readiness: timed_out" in text and "still loading" in text
+    assert "readiness: timed_out" in text and "still loading" in text, text[-4000:]
     assert tp8_serving(serving)
 
 
 def test_health_failing_after_ready_is_unhealthy(serving):
     text = failed_up(serving, "sick", "health_fail_after_ready")
-    assert "readiness: unhealthy" in text
+    assert "readiness: unhealthy" in text, text[-4000:]
     assert tp8_serving(serving)
 
 
 def test_rewritten_layout_is_a_mismatch(serving):
     text = failed_up(serving, "rewrite", "rewrite_layout")
-    assert "readiness: layout_mismatch" in text and "ep_size declared 8" in text
+    assert "readiness: layout_mismatch" in text and "ep_size declared 8" in text, text[-4000:]
     assert tp8_serving(serving)
 
 
