@@ -31,7 +31,7 @@ def rehearsal_info(name: str) -> Optional[dict]:
 
 
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
-    """(the secret connection object the providers use, a label for messages)."""
+    """(the secret connection object the providers use, the host's address)."""
     h = args.settings.host
     timeouts = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
     if h.is_rehearsal:
@@ -45,7 +45,7 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
         key = Path(info["private_key"]).read_text()
         conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
                 "privateKey": key, "hostKey": info["host_public_key"], **timeouts}
-        return pulumi.Output.secret(conn), f"rehearsal host {h.rehearsal} ({info['address']})"
+        return pulumi.Output.secret(conn), info["address"]
     if not h.host_key:
         raise pulumi.RunError("gpu-serving:host.hostKey is required for a real host: pin its SSH host key "
                               f"(ssh-keyscan -t ed25519 {h.address}), so nobody else can answer in its place")
@@ -58,7 +58,7 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
                               "(pulumi config set --secret gpu-serving:sshPrivateKey < key) or host.privateKeyPath")
     conn = pulumi.Output.secret(key_output).apply(lambda k: {
         "host": h.address, "port": h.port, "user": h.user, "privateKey": k, "hostKey": h.host_key, **timeouts})
-    return conn, f"{h.user}@{h.address}:{h.port}"
+    return conn, h.address
 
 
 class GpuHost(pulumi.ComponentResource):
@@ -70,7 +70,7 @@ class GpuHost(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuHostArgs, needed_gpus: int, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpu-serving:index:GpuHost", name, {}, opts)
         s = args.settings
-        self.connection, self.label = connection_of(args)
+        self.connection, self.address = connection_of(args)
         self.facts_resource = HostFacts(f"{name}-facts", {
             "connection": self.connection,
             "cudaHome": s.cuda.home,

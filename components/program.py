@@ -47,7 +47,7 @@ def run() -> None:
     pulumi.export("strategy", {"name": settings.strategy_name, "world_size": plan.world_size,
                                "layout": plan.as_dict()["layout"]})
     pulumi.export("unit", plan.unit.name)
-    pulumi.export("endpoint", f"http://{settings.host.address or host.label}:{settings.serving.port}")
+    pulumi.export("endpoint", f"http://{host.address}:{settings.serving.port}")
     pulumi.export("memory", plan.memory.as_dict())
     pulumi.export("host", host.facts)
     pulumi.export("readiness", ready.report)
