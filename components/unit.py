@@ -135,6 +135,10 @@ def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
     ]
     if conflicts:
         lines.append("Conflicts=" + " ".join(conflicts))
+        # Conflicts= alone lets systemd start this unit while the sibling is still shutting down
+        # (and holding the port and the GPUs); any ordering between the two makes the sibling's
+        # stop finish first.
+        lines.append("After=" + " ".join(conflicts))
     lines += [
         # Three failed loads within an hour and systemd stops retrying: a model that cannot
         # load should wait for an operator, not thrash the GPUs for ever.

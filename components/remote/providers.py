@@ -296,6 +296,10 @@ class ServiceProvider(ResourceProvider):
 
 
 # ---------------------------------------------------------------------------------------
+def props_unit(props: dict) -> str:
+    return str(props.get("unit", "the unit"))
+
+
 class ReadinessProvider(ResourceProvider):
     """The readiness report as a resource: created from the service's check, re-probed on
     refresh, so a server that died since the last `up` shows as drift."""
@@ -329,6 +333,11 @@ class ReadinessProvider(ResourceProvider):
         # A new check from the service (it restarted) is the truth; otherwise probe again.
         fresh = news.get("report") and news.get("report") != olds.get("report") and olds.get("status") == R.READY
         report = news["report"] if fresh else self._probe(news)
+        if report.get("status") != R.READY:
+            # Nothing restarted the server (its unit looks fine), yet it does not serve: say so
+            # rather than record a broken server as the deployed state.
+            raise Exception(f"readiness: {report.get('status')}: {report.get('reason') or 'the server does not serve'} "
+                            f"({props_unit(news)}); check `journalctl -u {props_unit(news)}` on the host")
         return UpdateResult(outs={**news, **report})
 
     def read(self, id, props):
@@ -341,7 +350,11 @@ class ReadinessProvider(ResourceProvider):
         changed = _changed(olds, news, ["unit", "port", "declared", "connection"])
         if olds.get("status") not in (None, R.READY):
             changed.append("status")
-        if (olds.get("report") or {}).get("checked_at") != (news.get("report") or {}).get("checked_at") and news.get("report"):
+        report = news.get("report")
+        if report is not None and not isinstance(report, dict):
+            # Unknown in a preview: the service is about to start and check again.
+            changed.append("report")
+        elif report and (olds.get("report") or {}).get("checked_at") != report.get("checked_at"):
             changed.append("report")
         return DiffResult(changes=bool(changed), replaces=[], stables=[])
 

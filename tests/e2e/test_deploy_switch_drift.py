@@ -49,6 +49,9 @@ def test_up_ep8_switches(deployment):
     assert r["status"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == 8
     assert is_active(d, "ep8") == "active"
     assert is_active(d, "tp8") == "inactive"
+    # The sibling's stop finished before ep8 started (After= beside Conflicts=): no crash on a
+    # port still held, no restart by systemd.
+    assert d.sh(f"systemctl show -p NRestarts --value {UNIT.format('ep8')}").strip() == "0"
 
 
 def test_hand_edited_unit_is_drift_and_repaired(deployment):
@@ -93,6 +96,7 @@ def test_switch_back_to_tp8(deployment):
     result = d.stack("tp8").up(on_output=print)
     assert result.outputs["readiness"].value["layout"]["tp_size"] == 8
     assert is_active(d, "tp8") == "active" and is_active(d, "ep8") == "inactive"
+    assert d.sh(f"systemctl show -p NRestarts --value {UNIT.format('tp8')}").strip() == "0"
 
 
 def test_strategy_needing_more_gpus_than_the_host_has_fails_before_writing(deployment):
