@@ -32,6 +32,19 @@ def _print_plan(plan: ServingPlan) -> None:
     print(d["environment_text"], end="")
 
 
+def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
+    """The switch as a reviewer wants it: which unit stops, which starts, and every changed line."""
+    import difflib
+    print(f"switch {before.settings.stack} -> {after.settings.stack}: {before.unit.name} stops, {after.unit.name} starts")
+    print(f"  layout  {before.layout.describe()}  ->  {after.layout.describe()}")
+    print(f"  KV pool {before.memory.max_total_tokens:,} -> {after.memory.max_total_tokens:,} tokens per replica")
+    for name, a, b in (("unit", before.unit.text, after.unit.text),
+                       ("environment", before.environment_text, after.environment_text)):
+        diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"{before.settings.stack} {name}",
+                                         f"{after.settings.stack} {name}", lineterm="", n=1))
+        print("\n".join(diff) if diff else f"  {name}: identical")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,13 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stack", required=True, help="strategy stack (reads Pulumi.yaml + Pulumi.<stack>.yaml)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--project-dir", default=".", type=Path, help="directory holding Pulumi.yaml (default: .)")
+    p.add_argument("--against", metavar="STACK",
+                   help="show what switching from STACK to --stack changes: a line diff of units and environment")
     args = parser.parse_args(argv)
 
     try:
         plan = plan_stack(args.project_dir, args.stack)
+        before = plan_stack(args.project_dir, args.against) if args.against else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if before is not None:
+        _print_switch(before, plan)
+        return 0
     if args.json:
         json.dump(plan.as_dict(), sys.stdout, indent=2)
         print()

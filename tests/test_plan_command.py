@@ -60,3 +60,12 @@ def test_invalid_yaml_is_a_clear_error(tmp_path):
 def test_unknown_stack_lists_known_ones():
     out = run_plan("--stack", "nope")
     assert out.returncode == 2 and "known stacks: ep8, pp8, tp8" in out.stderr
+
+
+def test_switch_diff_shows_the_changed_flags_only():
+    out = run_plan("--stack", "ep8", "--against", "tp8")
+    assert out.returncode == 0, out.stderr
+    assert "sglang-kimi-k2.6-tp8.service stops, sglang-kimi-k2.6-ep8.service starts" in out.stdout
+    assert "-    --ep-size 1 \\" in out.stdout and "+    --ep-size 8 \\" in out.stdout
+    assert "--tp-size" not in out.stdout  # unchanged lines outside the context are not shown
+    assert "environment: identical" in out.stdout
