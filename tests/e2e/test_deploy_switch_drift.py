@@ -80,6 +80,31 @@ def test_stopped_unit_is_drift_and_restarted(deployment):
     assert is_active(d, "ep8") == "active"
 
 
+def test_hand_edited_environment_file_is_drift_and_repaired(deployment):
+    d = deployment
+    path = "/etc/gpu-serving/kimi-k2.6.env"
+    original = d.sh(f"cat {path}")
+    d.sh(f"sed -i 's/^NCCL_ALGO=Ring$/NCCL_ALGO=Tree/' {path}")
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True)
+    text = str(info.value)
+    assert "environment-file" in text and "NCCL_ALGO=Tree" in text, text[-3000:]
+    d.stack("ep8").up(refresh=True)
+    assert d.sh(f"cat {path}") == original
+    assert d.sh(f"stat -c %a {path}").strip() == "600"
+
+
+def test_disabled_unit_is_drift_and_enabled_again(deployment):
+    d = deployment
+    d.sh(f"systemctl disable {UNIT.format('ep8')}")
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True)
+    assert "enabled" in str(info.value)
+    d.stack("ep8").up(refresh=True)
+    assert d.sh(f"systemctl is-enabled {UNIT.format('ep8')}").strip() == "enabled"
+    assert is_active(d, "ep8") == "active"
+
+
 def test_second_up_changes_nothing_on_the_host(deployment):
     d = deployment
     probe = ("stat -c '%Y %a' /etc/systemd/system/" + UNIT.format("ep8") + " /etc/gpu-serving/kimi-k2.6.env; "
