@@ -80,9 +80,16 @@ def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: 
     """One poll's verdict. `baseline` is the unit right after `systemctl start`."""
     u = obs.unit
     restarted = u.n_restarts > baseline.n_restarts or (baseline.main_pid and u.main_pid and u.main_pid != baseline.main_pid)
-    if u.active_state in ("failed", "inactive", "deactivating") or restarted:
-        how = (f"systemd restarted it ({u.n_restarts - baseline.n_restarts} restart(s))" if restarted and u.active_state == "active"
-               else f"unit is {u.active_state} ({u.result}, exit status {u.exec_main_status})")
+    # "auto-restart": the process exited and systemd waits RestartSec before trying again; do
+    # not wait for the retry to call it a crash.
+    exited = u.sub_state == "auto-restart"
+    if u.active_state in ("failed", "inactive", "deactivating") or restarted or exited:
+        if exited:
+            how = f"the process exited ({u.result}, exit status {u.exec_main_status}); systemd is about to restart it"
+        elif restarted and u.active_state == "active":
+            how = f"systemd restarted it ({u.n_restarts - baseline.n_restarts} restart(s))"
+        else:
+            how = f"unit is {u.active_state} ({u.result}, exit status {u.exec_main_status})"
         if ever_healthy or obs.logged_ready:
             return Verdict(UNHEALTHY, "generating", f"the server was up, then stopped: {how}")
         return Verdict(CRASHED, "loading", f"the server stopped before it was ready: {how}")

@@ -13,13 +13,52 @@ import sys
 import time
 from typing import Any, Optional
 
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import readiness as R
+from ..config import SECRET_FORBIDDEN
 from ..facts import FACTS_SCRIPT, HostFacts, check_facts, parse_facts, parse_systemctl_show
 from . import probe, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
+
+
+class DeployError(Exception):
+    """A failure the user must act on; its message is complete (reason, journal, rollback)."""
+
+
+def _clean_errors_in_provider_process() -> None:
+    """Show our own errors without a Python traceback.
+
+    Pulumi's dynamic-provider server reports any exception as `traceback.format_exc()`, which
+    buries "readiness: timed_out ..." under frames of our code. In that process only (its
+    __main__ is pulumi.dynamic's server), errors we raise on purpose are shown by their message;
+    anything else keeps its full traceback, as a bug should.
+    """
+    import traceback
+    main = sys.modules.get("__main__")
+    if getattr(main, "__spec__", None) is None or main.__spec__.name != "pulumi.dynamic.__main__":
+        return
+    if getattr(getattr(main, "traceback", None), "gpu_serving", False):
+        return
+
+    class _Traceback:
+        gpu_serving = True
+
+        def __getattr__(self, name):
+            return getattr(traceback, name)
+
+        @staticmethod
+        def format_exc(*args, **kwargs):
+            exc = sys.exc_info()[1]
+            if isinstance(exc, (DeployError, ssh.RemoteError)):
+                return str(exc)
+            return traceback.format_exc(*args, **kwargs)
+
+    main.traceback = _Traceback()
+
+
+_clean_errors_in_provider_process()
 
 
 def _progress(message: str) -> None:
@@ -64,7 +103,7 @@ class HostFactsProvider(ResourceProvider):
         facts = self._read(props)
         problems = self._check(props, facts)
         if problems:
-            raise Exception("the host does not match gpu-serving:host, nothing was changed:\n  - " + "\n  - ".join(problems))
+            raise DeployError("the host does not match gpu-serving:host, nothing was changed:\n  - " + "\n  - ".join(problems))
         return {**props, "facts": facts}
 
     def create(self, props):
@@ -97,7 +136,23 @@ class RemoteFileProvider(ResourceProvider):
     retainOnDelete (shared files), reloadSystemd (a unit file: daemon-reload after delete).
     """
 
+    @staticmethod
+    def _bad_secrets(props: dict) -> list[str]:
+        """Secret values that would end or extend their KEY="value" line (never the values)."""
+        return [key for key, value in sorted((props.get("secretEnvironment") or {}).items())
+                if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
+                                               or any(c.isspace() for c in value))]
+
+    def check(self, _olds, news):
+        return CheckResult(news, [CheckFailure("secretEnvironment", f"the secret for {key} (gpu-serving:hfToken) is empty or "
+                                               "contains whitespace, a quote, a backslash, $ or a backtick; a token never does")
+                                  for key in self._bad_secrets(news)])
+
     def _full(self, props: dict) -> bytes:
+        bad = self._bad_secrets(props)
+        if bad:
+            raise ssh.RemoteError(f"the secret for {', '.join(bad)} (gpu-serving:hfToken) is empty or contains whitespace, "
+                                  "a quote, a backslash, $ or a backtick; refusing to write it into the environment file")
         text = props["content"]
         for key, value in sorted((props.get("secretEnvironment") or {}).items()):
             text += f'{key}="{value}"\n'
@@ -187,48 +242,73 @@ class ServiceProvider(ResourceProvider):
     def _start(self, props: dict, restart: bool) -> dict:
         t = _require_target(props)
         unit, siblings = props["unit"], list(props.get("siblings") or [])
-        lock = self._lock(t, props)
-        try:
-            states = self._show(t, [unit, *siblings])
-            previous = next((s for s in siblings if states[s].get("ActiveState") in ("active", "activating")), None)
-            own_active = states[unit].get("ActiveState") in ("active", "activating")
-            holder = self._foreign_listener(t, int(props["port"]), [unit, *siblings])
-            if holder:
-                raise ssh.RemoteError(
-                    f"port {props['port']} on {t.label} is held by {holder}, which is not a gpu-serving strategy unit; "
-                    f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port.")
-            if states[unit].get("NeedDaemonReload") == "yes" or states[unit].get("LoadState") == "not-found":
-                ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+        # One connection for the whole switch: the lock lives on it, and if it drops the switch
+        # stops with a clear error rather than carrying on unlocked over a new connection.
+        with ssh.one_connection(t, f"the switch to {unit}"):
+            lock = self._lock(t, props)
+            try:
+                return self._switch(t, props, unit, siblings, restart)
+            finally:
+                self._unlock(lock)
+
+    def _switch(self, t: ssh.Target, props: dict, unit: str, siblings: list[str], restart: bool) -> dict:
+        states = self._show(t, [unit, *siblings])
+        serving = [s for s in siblings if states[s].get("ActiveState") in ("active", "activating", "reloading")]
+        previous = serving[0] if serving else None
+        own_active = states[unit].get("ActiveState") in ("active", "activating")
+        holder = self._foreign_listener(t, int(props["port"]), [unit, *siblings])
+        if holder:
+            raise ssh.RemoteError(
+                f"port {props['port']} on {t.label} is held by {holder}, which is not a gpu-serving strategy unit; "
+                f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port.")
+        if states[unit].get("NeedDaemonReload") == "yes" or states[unit].get("LoadState") == "not-found":
+            ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+        if not props.get("active", True):
             if props.get("enabled", True):
                 ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
-            if not props.get("active", True):
-                ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180)
-                return self._outs(t, props, previous, None)
-            if own_active and not restart:
-                return self._outs(t, props, previous, None)
-            since = int(float(ssh.run(t, ["date", "+%s"], purpose="reading the host clock", timeout=30).stdout.strip()))
-            _progress(f"{unit}: starting" + (f" (stops {previous})" if previous else ""))
-            # Conflicts= in the unit stops the sibling that was serving.
-            ssh.run(t, ["systemctl", "restart" if own_active else "start", unit], purpose=f"starting {unit}", timeout=180)
-            baseline = probe.unit_state(t, unit)
-            report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
-                                      settings=props.get("readiness") or {}, since=since, baseline=baseline, progress=_progress)
-            if report.status != R.READY:
-                self._fail(t, props, report, previous, since)
-            return self._outs(t, props, previous, report.as_dict())
-        finally:
-            self._unlock(lock)
+            ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180)
+            return self._outs(t, props, previous, None)
+        if own_active and not restart:
+            self._enable_only(t, props, unit, siblings, states)
+            return self._outs(t, props, previous, None)
+        since = int(float(ssh.run(t, ["date", "+%s"], purpose="reading the host clock", timeout=30).stdout.strip()))
+        _progress(f"{unit}: starting" + (f" (stops {previous})" if previous else ""))
+        if serving:
+            # Stopped first, and waited for: Conflicts= alone does not order the stop before the
+            # start, and the new strategy would find the GPUs still held by the old one.
+            ssh.run(t, ["systemctl", "stop", *serving], purpose=f"stopping {', '.join(serving)}", timeout=240)
+        ssh.run(t, ["systemctl", "restart" if own_active else "start", unit], purpose=f"starting {unit}", timeout=180)
+        baseline = probe.unit_state(t, unit)
+        report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
+                                  settings=props.get("readiness") or {}, since=since, baseline=baseline, progress=_progress)
+        if report.status != R.READY:
+            self._fail(t, props, report, previous, since)
+        self._enable_only(t, props, unit, siblings, states)
+        return self._outs(t, props, previous, report.as_dict())
+
+    def _enable_only(self, t: ssh.Target, props: dict, unit: str, siblings: list[str], states: dict) -> None:
+        """The strategy that serves is the one enabled: after a reboot it, and only it, comes back
+        (two enabled units that conflict would leave the choice to systemd)."""
+        if not props.get("enabled", True):
+            return
+        ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
+        others = [s for s in siblings if states[s].get("UnitFileState") == "enabled"]
+        if others:
+            ssh.run(t, ["systemctl", "disable", "--quiet", *others], purpose=f"disabling {', '.join(others)}", timeout=60)
 
     def _fail(self, t, props, report: R.Report, previous: Optional[str], since: int):
         unit = props["unit"]
         journal = probe.journal_tail(t, unit, since, 50, _secrets(props))
+        # The failed unit is stopped before anything else starts (it may hold GPUs) and is not
+        # left enabled: a reboot brings back what served, not what failed.
+        ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180, check=False)
+        ssh.run(t, ["systemctl", "disable", "--quiet", unit], purpose=f"disabling {unit}", timeout=60, check=False)
         if previous:
             ssh.run(t, ["systemctl", "start", previous], purpose=f"restarting {previous}", timeout=180, check=False)
             rollback = f"Rolled back: restarted {previous}, the strategy that was serving before."
         else:
-            ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180, check=False)
             rollback = f"No strategy was serving before; {unit} was stopped."
-        raise Exception(ssh.redact(
+        raise DeployError(ssh.redact(
             f"readiness: {report.status}: {report.reason}\n{rollback}\nLast lines of journalctl -u {unit}:\n{journal}",
             _secrets(props)))
 
@@ -236,12 +316,17 @@ class ServiceProvider(ResourceProvider):
         """Host-wide switch lock: `flock` held by a remote process for as long as our channel is
         open; a dropped connection ends it, so a crashed run never leaves the host locked."""
         wait = int(float((props.get("readiness") or {}).get("lockWaitSeconds", 900)))
-        chan = ssh.client(t).get_transport().open_session()
+        transport = ssh.client(t).get_transport()
+        chan = transport.open_session(timeout=max(t.connect_timeout, 10.0))
         chan.exec_command(f"flock -w {wait} {LOCK_PATH} sh -c 'echo locked; cat >/dev/null'")
         buf = b""
         deadline = time.monotonic() + wait + 30
         chan.settimeout(5)
         while b"locked" not in buf:
+            if not transport.is_active():
+                chan.close()
+                raise ssh.RemoteError(f"the SSH connection to {t.label} was lost while waiting for the gpu-serving lock; "
+                                      "nothing was changed. Run `pulumi up` again.")
             if time.monotonic() > deadline or chan.exit_status_ready():
                 chan.close()
                 raise ssh.RemoteError(f"another switch holds the gpu-serving lock on {t.label} ({LOCK_PATH}); "
@@ -336,7 +421,7 @@ class ReadinessProvider(ResourceProvider):
         if report.get("status") != R.READY:
             # Nothing restarted the server (its unit looks fine), yet it does not serve: say so
             # rather than record a broken server as the deployed state.
-            raise Exception(f"readiness: {report.get('status')}: {report.get('reason') or 'the server does not serve'} "
+            raise DeployError(f"readiness: {report.get('status')}: {report.get('reason') or 'the server does not serve'} "
                             f"({props_unit(news)}); check `journalctl -u {props_unit(news)}` on the host")
         return UpdateResult(outs={**news, **report})
 
