@@ -64,7 +64,52 @@ def _matching(pattern: re.Pattern | str, what: str):
 
 
 Name = _matching(SAFE_NAME, "name (letters, digits, . _ -)")
-AbsPath = _matching(SAFE_PATH, "absolute path without spaces, quotes or shell characters")
+
+
+def _abs_path(value: str) -> str:
+    if not SAFE_PATH.match(value):
+        raise ValueError(f"{value!r} is not a valid absolute path without spaces, quotes or shell characters")
+    if ".." in value.split("/"):
+        raise ValueError(f"{value!r} contains a '..' segment: write the path it means")
+    return value
+
+
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
+# Directories of the operating system itself: a venv there would be created with --clear.
+SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
+               "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/bin",
+               "/usr/sbin", "/var", "/var/lib"}
+# Environment keys that hold credentials: those come only as Pulumi secrets (gpu-serving:hfToken),
+# never as plain config that would sit in the state and the preview in clear text.
+SECRET_ENV_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS")
+SECRET_ENV_SUFFIXES = ("_API_KEY", "_ACCESS_KEY", "_PRIVATE_KEY", "_SECRET_KEY")
+# apt source options that weaken signature checking.
+APT_SAFE_OPTIONS = {"signed-by", "arch"}
+# Free text shown in messages only (gpuModel): printable, no shell or systemd metacharacters.
+SAFE_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,127}$")
+# Secrets go into a double-quoted line of the 0600 EnvironmentFile: these would end or extend it.
+SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
+
+
+def _is_numeric(annotation) -> bool:
+    import typing
+    if annotation in (int, float):
+        return True
+    return any(a in (int, float) for a in typing.get_args(annotation))
+
+
+def check_secret_value(key: str, value: Any) -> list[SettingError]:
+    """A secret's shape, checked without ever putting its value into the message."""
+    where = f"{NAMESPACE}:{key}"
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        return [SettingError(where, f"must be a string (got {type(value).__name__})")]
+    if key == "hfToken":
+        if not value or any(c in value for c in SECRET_FORBIDDEN) or any(c.isspace() for c in value):
+            return [SettingError(where, "contains whitespace, a quote, a backslash, $ or a backtick (a token never does)",
+                                 "paste the token alone: pulumi config set --secret gpu-serving:hfToken")]
+    return []
 
 
 class Settings(BaseModel):
@@ -75,6 +120,14 @@ class Settings(BaseModel):
         strict=False,
     )
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value, info):
+        # pydantic's lax mode reads true as 1: `tpSize: true` would deploy TP1 without a word.
+        if isinstance(value, bool) and _is_numeric(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
+
 
 class HostSettings(Settings):
     # No address means the local rehearsal host named by `rehearsal` (python -m rehearsal up).
@@ -84,7 +137,7 @@ class HostSettings(Settings):
     user: _matching(r"^[a-z_][a-z0-9_-]{0,31}$", "user name") = "root"
     gpu_count: int = Field(8, ge=1, le=64)
     gpu_memory_gb: float = Field(96, gt=0, le=1024)
-    gpu_model: str = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    gpu_model: _matching(SAFE_TEXT, "GPU model name (letters, digits, spaces, . _ ( ) / + -)") = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     interconnect: Literal["pcie", "nvlink"] = "pcie"
     # The pinned SSH host key ("ssh-ed25519 AAAA..."); required for a real host.
     host_key: Optional[_matching(HOST_KEY, "SSH public host key (\"ssh-ed25519 AAAA...\")")] = None
@@ -125,8 +178,8 @@ class ModelSettings(Settings):
     kv_lora_rank: int = Field(ge=0)  # 0 = not MLA
     qk_rope_head_dim: int = Field(ge=0)
     kv_dtype_bytes: float = Field(2, gt=0, le=4)
-    weights_gb: float = Field(gt=0)
-    attention_weights_gb: float = Field(0, ge=0)
+    weights_gb: float = Field(gt=0, le=1_000_000)
+    attention_weights_gb: float = Field(0, ge=0, le=1_000_000)
     # For non-MLA models: KV bytes per token per layer before TP split (2 x heads x dim x bytes).
     kv_bytes_per_token_per_layer: Optional[int] = Field(None, gt=0)
 
@@ -136,7 +189,7 @@ class ModelSettings(Settings):
     def _apply_profile(cls, data: Any):
         if isinstance(data, dict) and data.get("profile") is not None:
             profile = data["profile"]
-            if profile not in PROFILES:
+            if not isinstance(profile, str) or profile not in PROFILES:
                 raise ValueError(f"unknown profile {profile!r}; built-in profiles: {', '.join(sorted(PROFILES))}")
             data = {**PROFILES[profile], **data}
         return data
@@ -195,6 +248,8 @@ class ServingSettings(Settings):
             ipaddress.ip_address(v)
         except ValueError:
             raise ValueError(f"{v!r} is not an IP address to bind (use 0.0.0.0 or 127.0.0.1)") from None
+        if "%" in v:
+            raise ValueError(f"{v!r}: a scoped address (%zone) cannot be bound by the server; use 0.0.0.0 or ::")
         return v
 
     @field_validator("environment", mode="before")
@@ -213,6 +268,10 @@ class ServingSettings(Settings):
                 raise ValueError(f"environment key {key!r} is not a valid variable name")
             if any(c in value for c in "\n\r\0\"\\$`'"):
                 raise ValueError(f"environment {key}: value contains a newline, quote, backslash, $ or backtick")
+            parts = key.upper().split("_")
+            if any(p in SECRET_ENV_PARTS for p in parts) or key.upper().endswith(SECRET_ENV_SUFFIXES):
+                raise ValueError(f"environment {key} looks like a credential: plain settings end up in clear text in the "
+                                 "state and the preview; give it as a secret (gpu-serving:hfToken for HF_TOKEN)")
         return v
 
 
@@ -238,6 +297,22 @@ class CudaSettings(Settings):
     keyring_sha256: Optional[_matching(r"^[0-9a-f]{64}$", "sha256 hex digest")] = None
 
 
+    @field_validator("apt_repository")
+    @classmethod
+    def _apt(cls, v):
+        # The full line is parsed at preview (cuda.settings_problems); here what must never pass.
+        if v is None or v == "rehearsal":
+            return v
+        if any(c in v for c in "\n\r\0\"'`$;|&<>\\"):
+            raise ValueError(f"{v!r} contains a newline, quote, $, backtick or shell metacharacter; "
+                             "an apt source is one line 'deb [signed-by=/path] URI SUITE'")
+        options = re.search(r"\[([^\]]*)\]", v)
+        for option in (options.group(1).split() if options else []):
+            if option.split("=", 1)[0] not in APT_SAFE_OPTIONS:
+                raise ValueError(f"apt option {option!r} is not allowed (it would weaken or bypass the signature check); "
+                                 f"only {', '.join(sorted(APT_SAFE_OPTIONS))}")
+        return v
+
     @model_validator(mode="after")
     def _defaults(self):
         if self.home is None:
@@ -260,6 +335,20 @@ class VenvSettings(Settings):
     # hosts); "rehearsal" builds the rehearsal engine's wheel.
     wheelhouse: Optional[str] = None
 
+
+    @field_validator("path")
+    @classmethod
+    def _not_system(cls, v):
+        if (v.rstrip("/") or "/") in SYSTEM_DIRS:
+            raise ValueError(f"{v!r} is a system directory; a venv needs its own, e.g. /root/venv_sglang211 or /opt/sglang/venv")
+        return v
+
+    @field_validator("wheelhouse")
+    @classmethod
+    def _wheelhouse(cls, v):
+        if v is not None and (not v or any(ord(c) < 32 for c in v)):
+            raise ValueError("must be a local directory of wheels (no control characters), or 'rehearsal'")
+        return v
 
     @field_validator("packages")
     @classmethod
@@ -335,6 +424,8 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
     """
     errors: list[SettingError] = []
     sections: dict[str, Any] = {}
+    for key in SECRET_KEYS:
+        errors += check_secret_value(key, config.get(key))
     for key in config:
         if key not in SECTIONS and key not in SECRET_KEYS:
             import difflib

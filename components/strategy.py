@@ -8,6 +8,7 @@ exactly the layout the stack file declares, or readiness could never confirm it.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .config import A2A_BACKENDS, NAMESPACE, StackSettings
@@ -174,6 +175,7 @@ def check_strategy(settings: StackSettings) -> list[SettingError]:
                 "remove speculativeAlgorithm, or use ppSize: 1"))
 
     errors += check_extra_args(settings.serving.extra_args)
+    errors += check_unit_name(settings)
     return errors
 
 
@@ -200,4 +202,35 @@ def check_extra_args(args: list[str]) -> list[SettingError]:
         elif flag in OWNED_FLAGS:
             errors.append(SettingError(where, f"{flag} is written by gpu-serving from a setting; giving it twice would hide the declared value",
                                        f"set {OWNED_FLAGS[flag]} instead" if not OWNED_FLAGS[flag].startswith("(") else OWNED_FLAGS[flag].strip("()")))
+        else:
+            # SGLang's parser keeps argparse's allow_abbrev: a prefix of a flag gpu-serving writes
+            # (--mem-fraction, --por) would be expanded to it and, coming last, win over the setting.
+            expands = sorted(o for o in OWNED_FLAGS if o.startswith(flag))
+            if expands:
+                owner = OWNED_FLAGS[expands[0]]
+                errors.append(SettingError(
+                    where, f"{flag} is an abbreviation argparse expands to {' or '.join(expands)}, a flag gpu-serving writes "
+                    "from a setting (the later one would silently win)",
+                    f"set {owner} instead" if not owner.startswith("(") else owner.strip("()")))
     return errors
+
+
+# systemd's unit name rules (unit_name_is_valid): these characters, at most 255 bytes.
+UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
+UNIT_NAME_MAX = 255
+STACK_STRATEGY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def check_unit_name(settings: StackSettings) -> list[SettingError]:
+    """The unit name is built from unitPrefix, model.name and the strategy (strategy.name or the
+    stack name); systemd must accept it as it is, since it is also an argument to systemctl."""
+    name = settings.strategy_name
+    if settings.strategy.name is None and not STACK_STRATEGY.match(name):
+        return [SettingError(f"{S}.name", f"the stack name {name!r} cannot name a systemd unit",
+                             "set strategy.name (lower-case letters, digits, _ -)")]
+    unit = f"{settings.serving.unit_prefix}-{settings.model.name}-{name}.service"
+    if len(unit) > UNIT_NAME_MAX or not UNIT_NAME.match(unit):
+        return [SettingError(f"{SERVING}.unitPrefix", f"the unit name {unit[:80]!r}... is not one systemd accepts "
+                             f"(at most {UNIT_NAME_MAX} characters of letters, digits, : _ . -)",
+                             "shorten serving.unitPrefix, model.name or strategy.name")]
+    return []
