@@ -364,11 +364,13 @@ class VenvSettings(Settings):
 class ReadinessSettings(Settings):
     # A 590 GB checkpoint takes many minutes to load; the deadline covers load + warmup.
     timeout_seconds: float = Field(3600, gt=0, le=86400)
-    poll_initial_seconds: float = Field(2, gt=0, le=600)
+    # First poll right after the start, then 0.5 s growing x1.5 to pollMaxSeconds: a fast
+    # server is seen ready within half a second, a long load is polled a few times a minute.
+    poll_initial_seconds: float = Field(0.5, gt=0, le=600)
     poll_max_seconds: float = Field(30, gt=0, le=600)
     generation_timeout_seconds: float = Field(60, gt=0, le=3600)
     # Once ready, the unit must stay up this long (catches crash-loops right after ready).
-    settle_seconds: float = Field(3, ge=0, le=600)
+    settle_seconds: float = Field(1, ge=0, le=600)
 
 
 class StackSettings(BaseModel):

@@ -76,8 +76,14 @@ def phase_of(obs: Observation) -> str:
     return "generating"
 
 
-def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: bool = False) -> Verdict:
-    """One poll's verdict. `baseline` is the unit right after `systemctl start`."""
+def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: bool = False,
+          unhealthy_after: Optional[float] = None) -> Verdict:
+    """One poll's verdict. `baseline` is the unit right after `systemctl start`.
+
+    `unhealthy_after`: the elapsed time from which a server that logged ready but still fails
+    /health_generate is called unhealthy (its first ready line + the generation timeout),
+    instead of waiting for the whole load deadline.
+    """
     u = obs.unit
     restarted = u.n_restarts > baseline.n_restarts or (baseline.main_pid and u.main_pid and u.main_pid != baseline.main_pid)
     # "auto-restart": the process exited and systemd waits RestartSec before trying again; do
@@ -96,7 +102,8 @@ def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: 
     if obs.health == 200:
         return Verdict(READY, "generating")
     if obs.health not in (0, 503) or (obs.health == 503 and obs.logged_ready):
-        if obs.elapsed >= deadline or obs.health not in (0, 503):
+        limit = deadline if unhealthy_after is None else min(deadline, unhealthy_after)
+        if obs.elapsed >= limit or obs.health not in (0, 503):
             return Verdict(UNHEALTHY, "generating",
                            f"the server is up (it logged ready) but /health_generate answers {obs.health}: generation fails")
     if obs.elapsed >= deadline:

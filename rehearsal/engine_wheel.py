@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
+import os
 import re
 import sys
 import zipfile
@@ -66,13 +68,22 @@ def build(dest_dir, source: Path = SOURCE) -> Path:
     record = "".join(_record_line(name, data) + "\n" for name, data in files) + dist_info + "/RECORD,,\n"
     files.append((dist_info + "/RECORD", record.encode()))
     target = dest / wheel_name(meta)
-    tmp = target.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as whl:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as whl:
         for name, data in files:
             info = zipfile.ZipInfo(name, date_time=FIXED_TIME)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
             whl.writestr(info, data)
+    wheel = buf.getvalue()
+    try:
+        if target.read_bytes() == wheel:
+            return target  # reproducible: the same sources make the same bytes
+    except OSError:
+        pass
+    # A name of its own: several programs (stacks deployed in parallel) may build at once.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(wheel)
     tmp.replace(target)
     return target
 

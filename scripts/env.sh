@@ -13,6 +13,8 @@
 #   PULUMI_SKIP_UPDATE_CHECK=true, PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 #                                no network: a missing plugin fails at once, naming the plugin,
 #                                instead of hanging on a download
+#   PULUMI_RUN_PROGRAM=true      default: refresh runs the program first, so a bad setting is
+#                                refused before any read reaches the host
 #   PULUMI_BACKEND_URL           default file://<repo>/.pulumi-state (git-ignored; created)
 #   PULUMI_CONFIG_PASSPHRASE     default "gpu-serving-local", only when neither it nor
 #                                PULUMI_CONFIG_PASSPHRASE_FILE is set. It encrypts the secrets in
@@ -39,6 +41,9 @@ _gs_path=${_gs_path%:}
 export PATH="$GPU_SERVING_PULUMI_BIN${_gs_path:+:$_gs_path}"
 
 export PULUMI_SKIP_UPDATE_CHECK=true
+# With `refresh: always`, run the program before refreshing: a bad setting is refused before any
+# command reaches the host, even for a stack that is already deployed.
+export PULUMI_RUN_PROGRAM=${PULUMI_RUN_PROGRAM:-true}
 export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 
 if [ -z "${PULUMI_BACKEND_URL:-}" ]; then

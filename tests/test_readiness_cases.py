@@ -13,7 +13,7 @@ def test_verdict_sequence(name, case):
     baseline = observations[0].unit if not case.get("ever_healthy") else R.UnitState("active", "running", 100, 0)
     phases, verdict = [], None
     for obs in observations:
-        verdict = R.judge(baseline, obs, case["deadline"], case.get("ever_healthy", False))
+        verdict = R.judge(baseline, obs, case["deadline"], case.get("ever_healthy", False), case.get("unhealthy_after"))
         phases.append(verdict.phase)
         if verdict.outcome:
             break

@@ -12,13 +12,16 @@ from . import ssh
 
 UNIT_PROPS = ["ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus"]
 
-# $1 unit, $2 probe address, $3 port, $4 generation timeout, $5 start time (epoch seconds)
+# $1 unit, $2 probe address, $3 port, $4 generation timeout, $5 start time (epoch seconds; "-": do
+# not read the journal, e.g. on refresh, where a busy server's day of logs would be scanned)
 POLL_SCRIPT = r"""
 systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$1"
 echo @@health
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time "$4" "http://$2:$3/health_generate"); echo "$code $?"
 echo @@ready
+if [ "$5" = - ]; then echo 0; else
 journalctl -u "$1" --since "@$5" -q --no-pager -o cat 2>/dev/null | grep -c 'The server is fired up and ready to roll' || true
+fi
 """
 
 # $1 probe address, $2 port
@@ -33,6 +36,29 @@ echo
 """
 
 
+# A poll that also reads what the server runs when it generates: one round trip where a poll
+# then a /server_info read took two. $1..$5 as POLL_SCRIPT.
+SNAPSHOT_SCRIPT = POLL_SCRIPT + r"""
+if [ "$code" = 200 ]; then set -- "$2" "$3"
+""" + INFO_SCRIPT + r"""
+fi
+"""
+
+# $1 verb (start | restart), $2.. units: the host's clock (the journal is read from then on), the
+# crash-loop counter reset (a deliberate start is not a crash loop: StartLimitBurst would otherwise
+# refuse the 4th switch to a strategy within StartLimitIntervalSec), the start, then the unit's
+# state right after it (the baseline readiness compares restarts and PIDs with).
+START_SCRIPT = r"""
+date +%s
+echo @@start
+verb=$1; unit=$2
+systemctl reset-failed -- "$unit" 2>/dev/null
+systemctl "$verb" -- "$unit" 2>&1; echo "@@rc=$?"
+echo @@unit
+systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$unit"
+"""
+
+
 def probe_address(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
 
@@ -43,10 +69,8 @@ def unit_state(t: ssh.Target, unit: str) -> R.UnitState:
     return R.UnitState.from_show(next(iter(parse_systemctl_show(out.stdout).values()), {}))
 
 
-def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: int, elapsed: float) -> R.Observation:
-    out = ssh.run(t, ["sh", "-c", POLL_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)), str(since)],
-                  purpose=f"probing {unit}", timeout=gen_timeout + 30, check=False)
-    s = split_sections("@@unit\n" + out.stdout)
+def _observation(out: str, elapsed: float) -> R.Observation:
+    s = split_sections("@@unit\n" + out)
     props = next(iter(parse_systemctl_show(s.get("unit", "")).values()), {})
     code_text, _, rc_text = s.get("health", "000 7").strip().partition(" ")
     try:
@@ -58,6 +82,37 @@ def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: floa
     ready_lines = s.get("ready", "0").strip() or "0"
     return R.Observation(elapsed=elapsed, unit=R.UnitState.from_show(props), health=code,
                          logged_ready=ready_lines.isdigit() and int(ready_lines) > 0)
+
+
+def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: int, elapsed: float) -> R.Observation:
+    out = ssh.run(t, ["sh", "-c", POLL_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)), str(since)],
+                  purpose=f"probing {unit}", timeout=gen_timeout + 30, check=False)
+    return _observation(out.stdout, elapsed)
+
+
+def snapshot(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: Optional[int],
+             elapsed: float) -> tuple[R.Observation, Optional[tuple[str, dict, dict]]]:
+    """One round trip: the poll, and (probe used, server info, /v1/models) when it generates."""
+    out = ssh.run(t, ["sh", "-c", SNAPSHOT_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)),
+                      "-" if since is None else str(since)],
+                  purpose=f"probing {unit}", timeout=gen_timeout + 60, check=False)
+    obs = _observation(out.stdout, elapsed)
+    return obs, (_info(out.stdout) if obs.health == 200 else None)
+
+
+def start(t: ssh.Target, unit: str, verb: str = "start") -> tuple[int, R.UnitState]:
+    """`systemctl start|restart unit` in one round trip: (host clock before the start, the unit's
+    state right after it). Raises RemoteError when systemctl fails."""
+    out = ssh.run(t, ["sh", "-c", START_SCRIPT, "sh", verb, unit], purpose=f"starting {unit}", timeout=180, check=False)
+    head, _, rest = out.stdout.partition("@@start")
+    s = split_sections("@@start" + rest)
+    started = s.get("start", "")
+    rc = started.strip().rpartition("@@rc=")[2].strip()
+    if rc != "0":
+        detail = "\n".join((started.replace(f"@@rc={rc}", "") + out.stderr).strip().splitlines()[-15:])
+        raise ssh.RemoteError(f"starting {unit} on {t.label} failed (systemctl {verb} exit {rc or '?'}):\n{detail}")
+    props = next(iter(parse_systemctl_show(s.get("unit", "")).values()), {})
+    return int(float(head.strip().splitlines()[-1])), R.UnitState.from_show(props)
 
 
 def _body(section: str) -> tuple[int, Optional[dict]]:
@@ -73,10 +128,8 @@ def _body(section: str) -> tuple[int, Optional[dict]]:
         return status, None
 
 
-def server_info(t: ssh.Target, address: str, port: int) -> tuple[str, dict, dict]:
-    """(probe used, server info, /v1/models) — /server_info, else the deprecated /get_server_info."""
-    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info", timeout=60, check=False)
-    s = split_sections(out.stdout)
+def _info(out: str) -> tuple[str, dict, dict]:
+    s = split_sections(out)
     status, info = _body(s.get("server_info", ""))
     probe = "/server_info"
     if status != 200 or not isinstance(info, dict):
@@ -84,6 +137,12 @@ def server_info(t: ssh.Target, address: str, port: int) -> tuple[str, dict, dict
         probe = "/get_server_info"
     _, models = _body(s.get("models", ""))
     return probe, (info if isinstance(info, dict) else {}), (models if isinstance(models, dict) else {})
+
+
+def server_info(t: ssh.Target, address: str, port: int) -> tuple[str, dict, dict]:
+    """(probe used, server info, /v1/models) — /server_info, else the deprecated /get_server_info."""
+    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info", timeout=60, check=False)
+    return _info(out.stdout)
 
 
 def journal_tail(t: ssh.Target, unit: str, since: int, lines: int = 50, secrets=()) -> str:
@@ -101,22 +160,27 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
     deadline = float(settings.get("timeoutSeconds", 3600))
     pause = 0.0
     ever_healthy = False
+    ready_logged_at = None
+    gen_timeout = float(settings.get("generationTimeoutSeconds", 60))
     last_phase = None
+    gen_timeout = float(settings.get("generationTimeoutSeconds", 60))
     while True:
         elapsed = time.monotonic() - start
-        obs = observe(t, unit, address, port, float(settings.get("generationTimeoutSeconds", 60)), since, elapsed)
-        verdict = R.judge(baseline, obs, deadline, ever_healthy)
+        obs, info_read = snapshot(t, unit, address, port, gen_timeout, since, elapsed)
+        if obs.logged_ready and ready_logged_at is None:
+            ready_logged_at = elapsed
+        verdict = R.judge(baseline, obs, deadline, ever_healthy,
+                          None if ready_logged_at is None else ready_logged_at + gen_timeout)
         if verdict.phase != last_phase or verdict.outcome:
             progress(f"{unit}: {verdict.phase} ({elapsed:.0f} s)")
             last_phase = verdict.phase
         if verdict.outcome == R.READY:
             ever_healthy = True
-            settle = float(settings.get("settleSeconds", 3))
+            settle = float(settings.get("settleSeconds", 1))
             if settle:
                 # Ready must last: a server that dies right after its first answer is not ready.
                 time.sleep(settle)
-                again = observe(t, unit, address, port, float(settings.get("generationTimeoutSeconds", 60)), since,
-                                time.monotonic() - start)
+                again, info_read = snapshot(t, unit, address, port, gen_timeout, since, time.monotonic() - start)
                 verdict = R.judge(baseline, again, float("inf"), True)
                 if verdict.outcome != R.READY:
                     verdict = R.Verdict(R.UNHEALTHY if verdict.outcome is None else verdict.outcome, "generating",
@@ -125,7 +189,7 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
             report = R.Report(status=verdict.outcome, unit=unit, url=url, seconds_to_ready=None,
                               checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason=verdict.reason)
             if verdict.outcome == R.READY:
-                probe, info, models = server_info(t, address, port)
+                probe, info, models = info_read or server_info(t, address, port)
                 report.probe = f"/health_generate + {probe}"
                 report.seconds_to_ready = round(time.monotonic() - start, 1)
                 report.layout = R.resolved_layout(info)
@@ -138,5 +202,5 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
                     report.reason = "the server runs another layout than declared: " + ", ".join(
                         f"{m['field']} declared {m['declared']} running {m['running']}" for m in report.mismatches)
             return report
-        pause = R.next_poll(pause, float(settings.get("pollInitialSeconds", 2)), float(settings.get("pollMaxSeconds", 30)))
+        pause = R.next_poll(pause, float(settings.get("pollInitialSeconds", 0.5)), float(settings.get("pollMaxSeconds", 30)))
         time.sleep(min(pause, max(0.5, deadline - elapsed)))

@@ -271,14 +271,13 @@ class ServiceProvider(ResourceProvider):
         if own_active and not restart:
             self._enable_only(t, props, unit, siblings, states)
             return self._outs(t, props, previous, None)
-        since = int(float(ssh.run(t, ["date", "+%s"], purpose="reading the host clock", timeout=30).stdout.strip()))
         _progress(f"{unit}: starting" + (f" (stops {previous})" if previous else ""))
         if serving:
             # Stopped first, and waited for: Conflicts= alone does not order the stop before the
             # start, and the new strategy would find the GPUs still held by the old one.
             ssh.run(t, ["systemctl", "stop", *serving], purpose=f"stopping {', '.join(serving)}", timeout=240)
-        ssh.run(t, ["systemctl", "restart" if own_active else "start", unit], purpose=f"starting {unit}", timeout=180)
-        baseline = probe.unit_state(t, unit)
+        # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
+        since, baseline = probe.start(t, unit, "restart" if own_active else "start")
         report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                   settings=props.get("readiness") or {}, since=since, baseline=baseline, progress=_progress)
         if report.status != R.READY:
@@ -291,7 +290,8 @@ class ServiceProvider(ResourceProvider):
         (two enabled units that conflict would leave the choice to systemd)."""
         if not props.get("enabled", True):
             return
-        ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
+        if states[unit].get("UnitFileState") != "enabled":  # no command when nothing is to change
+            ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
         others = [s for s in siblings if states[s].get("UnitFileState") == "enabled"]
         if others:
             ssh.run(t, ["systemctl", "disable", "--quiet", *others], purpose=f"disabling {', '.join(others)}", timeout=60)
@@ -396,8 +396,9 @@ class ReadinessProvider(ResourceProvider):
     def _probe(self, props) -> dict:
         t = _require_target(props)
         addr = probe.probe_address(props["bind"])
-        state = probe.unit_state(t, props["unit"])
-        obs = probe.observe(t, props["unit"], addr, int(props["port"]), 60, int(time.time()) - 86400, 0)
+        # One round trip: the unit's state, the health and, when it generates, what it runs.
+        obs, info_read = probe.snapshot(t, props["unit"], addr, int(props["port"]), 60, None, 0)
+        state = obs.unit
         report = R.Report(status=R.READY, unit=props["unit"], url=f"http://{addr}:{int(props['port'])}",
                           checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         if state.active_state != "active":
@@ -405,7 +406,7 @@ class ReadinessProvider(ResourceProvider):
         elif obs.health != 200:
             report.status, report.reason = R.UNHEALTHY, f"/health_generate answers {obs.health or 'nothing (port closed)'}"
         else:
-            used, info, models = probe.server_info(t, addr, int(props["port"]))
+            used, info, models = info_read or probe.server_info(t, addr, int(props["port"]))
             report.probe = f"/health_generate + {used}"
             report.layout, report.model, report.version = R.resolved_layout(info), info.get("model_path"), info.get("version")
             report.served_model_name = (models.get("data") or [{}])[0].get("id") if models else None

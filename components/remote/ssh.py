@@ -4,6 +4,11 @@ Everything that reaches a remote shell goes through `run`, which takes an argv l
 it (`shlex.join`): no setting is ever interpolated raw into a shell line. File contents travel
 by SFTP, never on a command line. Errors name the host and the command's purpose, and never
 carry a secret: known secret values are redacted from anything that is raised.
+
+Nothing waits for ever: a command has a deadline for its whole run (not only between two reads),
+SFTP requests and channel opens time out, and connecting stops retrying after twice
+``connectTimeout``; a host that could not be reached is not tried again by every resource of the
+same operation one after the other (the failure is remembered for `FAILURE_MEMORY` seconds).
 """
 from __future__ import annotations
 
@@ -15,14 +20,19 @@ import shlex
 import socket
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 import paramiko
 
-# Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries,
-# an unreachable host fails within ~ (attempts x connect timeout), never hangs.
+# Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
+# No attempt starts later than 2 x connectTimeout after the first, so an unreachable host fails
+# within about that (each stage of an attempt, TCP, banner, auth, is bounded by connectTimeout).
 CONNECT_BACKOFF = (1.0, 3.0)
+# A host that could not be reached fails the other resources of the same operation at once
+# instead of each one retrying in turn behind the connection lock.
+FAILURE_MEMORY = 30.0
 
 
 class RemoteError(Exception):
@@ -81,7 +91,9 @@ def _fingerprint(key: paramiko.PKey) -> str:
 
 
 _clients: dict[tuple, paramiko.SSHClient] = {}
+_failures: dict[tuple, tuple[float, str]] = {}
 _lock = threading.Lock()
+_local = threading.local()
 # Counts connections opened by this process (the benchmarks read sshd's logs for the truth).
 opened_connections = 0
 
@@ -100,11 +112,14 @@ def _connect(t: Target) -> paramiko.SSHClient:
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     pkey = _load_key(t.private_key)
     last: Optional[Exception] = None
-    for attempt, pause in enumerate((*CONNECT_BACKOFF, None)):
+    start = time.monotonic()
+    attempts = 0
+    for pause in (*CONNECT_BACKOFF, None):
+        attempts += 1
         try:
             client.connect(t.host, port=t.port, username=t.user, pkey=pkey, timeout=t.connect_timeout,
                            banner_timeout=t.connect_timeout, auth_timeout=t.connect_timeout,
-                           allow_agent=False, look_for_keys=False)
+                           channel_timeout=t.connect_timeout, allow_agent=False, look_for_keys=False)
             transport = client.get_transport()
             transport.set_keepalive(15)
             opened_connections += 1
@@ -118,15 +133,29 @@ def _connect(t: Target) -> paramiko.SSHClient:
             raise RemoteError(f"SSH authentication as {t.user} failed on {t.label}: the key is not authorized there") from None
         except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
             last = exc
-            if pause is None:
+            client.close()
+            if pause is None or time.monotonic() - start + pause >= 2 * t.connect_timeout:
                 break
             time.sleep(pause)
-    raise RemoteError(f"cannot reach {t.label} over SSH after {len(CONNECT_BACKOFF) + 1} attempts "
-                      f"({type(last).__name__}: {last}); is the host up and sshd listening?")
+    raise RemoteError(f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
+                      f"({type(last).__name__}: {last or 'no answer'}); is the host up and sshd listening?")
+
+
+def _pin(t: Target) -> Optional[tuple]:
+    return getattr(_local, "pins", {}).get(t.key)
 
 
 def client(t: Target) -> paramiko.SSHClient:
-    """The cached connection to `t`, opened (or reopened, if it dropped) on demand."""
+    """The cached connection to `t`, opened (or reopened, if it dropped) on demand; inside
+    `one_connection`, the connection pinned there or an error."""
+    pin = _pin(t)
+    if pin is not None:
+        c, during = pin
+        tr = c.get_transport()
+        if tr is None or not tr.is_active():
+            raise RemoteError(f"the SSH connection to {t.label} was lost during {during}; what it held (the host's "
+                              "switch lock) went with it, so nothing more was done. Run `pulumi up` again to converge.")
+        return c
     with _lock:
         c = _clients.get(t.key)
         if c is not None:
@@ -134,9 +163,32 @@ def client(t: Target) -> paramiko.SSHClient:
             if tr is not None and tr.is_active():
                 return c
             c.close()
-        c = _connect(t)
+        failed = _failures.get(t.key)
+        if failed and time.monotonic() - failed[0] < FAILURE_MEMORY:
+            raise RemoteError(failed[1])
+        try:
+            c = _connect(t)
+        except RemoteError as exc:
+            _failures[t.key] = (time.monotonic(), str(exc))
+            raise
+        _failures.pop(t.key, None)
         _clients[t.key] = c
         return c
+
+
+@contextmanager
+def one_connection(t: Target, during: str):
+    """Run a block of steps over one connection: if it drops, the next step fails with a clear
+    error instead of quietly reconnecting. For steps that hold something on the connection (the
+    host-wide switch lock is a remote `flock` that lives as long as its channel)."""
+    pins = _local.__dict__.setdefault("pins", {})
+    outer = pins.get(t.key)
+    pins[t.key] = (outer[0], outer[1]) if outer else (client(t), during)
+    try:
+        yield pins[t.key][0]
+    finally:
+        if outer is None:
+            pins.pop(t.key, None)
 
 
 def drop(t: Target) -> None:
@@ -153,28 +205,75 @@ class Result:
     stderr: str
 
 
+class _Expired(Exception):
+    pass
+
+
+def _open_channel(t: Target, c: paramiko.SSHClient, timeout: float) -> paramiko.Channel:
+    transport = c.get_transport()
+    if transport is None or not transport.is_active():
+        raise EOFError("the connection is closed")
+    return transport.open_session(timeout=min(timeout, max(t.connect_timeout, 10.0)))
+
+
+def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes], timeout: float) -> tuple[int, bytes, bytes]:
+    """One command with a deadline for its whole run: at the deadline the channel is closed."""
+    chan = _open_channel(t, c, timeout)
+    expired = threading.Event()
+
+    def expire():
+        expired.set()
+        chan.close()
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        chan.settimeout(timeout)
+        chan.exec_command(command)
+        if input is not None:
+            chan.sendall(input)
+        chan.shutdown_write()
+        out, err = bytearray(), bytearray()
+        for sink, recv in ((out, chan.recv), (err, chan.recv_stderr)):
+            while True:
+                data = recv(65536)
+                if not data:
+                    break
+                sink += data
+        rc = chan.recv_exit_status()
+    except (socket.timeout, paramiko.SSHException, EOFError, OSError) as exc:
+        # socket.timeout: no data for `timeout` seconds, i.e. the deadline as well.
+        if expired.is_set() or isinstance(exc, socket.timeout):
+            raise _Expired() from None
+        raise
+    finally:
+        timer.cancel()
+        chan.close()
+    if expired.is_set():
+        raise _Expired()
+    return rc, bytes(out), bytes(err)
+
+
 def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes] = None,
         timeout: Optional[float] = None, check: bool = True, secrets: Iterable[str] = ()) -> Result:
     """Run a command on the host. `argv` is quoted; a str is a fixed script of ours (no settings
-    inside), run by ``sh -c``. Raises `RemoteError` (or returns the result with check=False)."""
+    inside), run by ``sh -c``. Raises `RemoteError` (or returns the result with check=False).
+    `timeout` (default host.commandTimeoutSeconds) bounds the whole run of the command."""
     command = shlex.join(argv) if isinstance(argv, list) else "sh -c " + shlex.quote(argv)
     timeout = timeout or t.command_timeout
     for attempt in range(2):
         c = client(t)
         try:
-            stdin, stdout, stderr = c.exec_command(command, timeout=timeout)
-            if input is not None:
-                stdin.write(input)
-            stdin.channel.shutdown_write()
-            out = stdout.read()
-            err = stderr.read()
-            rc = stdout.channel.recv_exit_status()
+            rc, out, err = _exec(t, c, command, input, timeout)
             break
-        except socket.timeout:
-            drop(t)
+        except _Expired:
             raise RemoteError(f"{purpose} on {t.label} did not finish within {timeout:g} s (timed out)") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            # A connection that died between two commands is reopened once; a second failure is real.
+            # A connection that died between two commands is reopened once; a second failure is
+            # real. Inside one_connection it is not reopened at all (client() says why).
+            if _pin(t) is not None:
+                client(t)
+                raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
             drop(t)
             if attempt:
                 raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
@@ -185,56 +284,88 @@ def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes
     return result
 
 
-def read_file(t: Target, path: str) -> Optional[bytes]:
-    """The file's bytes, or None when it does not exist."""
-    sftp = client(t).open_sftp()
+@contextmanager
+def _sftp(t: Target, what: str):
+    """An SFTP session whose requests time out (host.commandTimeoutSeconds), as a RemoteError."""
+    c = client(t)
     try:
-        with sftp.open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-    except IOError as exc:
-        if getattr(exc, "errno", None) == 2:
-            return None
-        raise
+        chan = _open_channel(t, c, t.command_timeout)
+        chan.settimeout(t.command_timeout)
+        chan.invoke_subsystem("sftp")
+        sftp = paramiko.SFTPClient(chan)
+    except socket.timeout:
+        raise RemoteError(f"{what} on {t.label}: the SFTP session did not open within {t.command_timeout:g} s") from None
+    except (paramiko.SSHException, EOFError) as exc:
+        if _pin(t) is not None:
+            client(t)  # the pinned connection is never dropped here: it holds the lock
+        else:
+            drop(t)
+        raise RemoteError(f"{what} on {t.label}: connection lost ({type(exc).__name__})") from None
+    try:
+        yield sftp
+    except socket.timeout:
+        raise RemoteError(f"{what} on {t.label}: no answer within {t.command_timeout:g} s (timed out)") from None
+    except (paramiko.SSHException, EOFError) as exc:
+        raise RemoteError(f"{what} on {t.label}: connection lost ({type(exc).__name__})") from None
+    except OSError as exc:
+        if exc.errno is not None:
+            raise  # the server's answer about the file (no such file, permission denied, ...)
+        raise RemoteError(f"{what} on {t.label}: connection lost ({exc})") from None
     finally:
         sftp.close()
+
+
+def read_file(t: Target, path: str) -> Optional[bytes]:
+    """The file's bytes, or None when it does not exist."""
+    with _sftp(t, f"reading {path}") as sftp:
+        try:
+            with sftp.open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except IOError as exc:
+            if getattr(exc, "errno", None) == 2:
+                return None
+            raise
 
 
 def stat_mode(t: Target, path: str) -> Optional[int]:
-    sftp = client(t).open_sftp()
-    try:
-        return sftp.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        return None
-    finally:
-        sftp.close()
+    with _sftp(t, f"reading the mode of {path}") as sftp:
+        try:
+            return sftp.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            return None
+
+
+# $1 directory, $2 name pattern of our temporary files for one target file.
+_PREPARE_DIR = 'mkdir -p -- "$1" && find "$1" -maxdepth 1 -name "$2" -type f -mmin +1 -delete'
 
 
 def write_file(t: Target, path: str, content: bytes, mode: int) -> None:
     """Write atomically: a temporary file in the same directory, chmod, then rename over the
-    target, so a dropped connection never leaves a half-written unit or environment file."""
+    target, so a dropped connection never leaves a half-written unit or environment file. A
+    temporary file left by a write that died (older than a minute: no write in progress) is
+    removed by the next write of the same file."""
     directory = posixpath.dirname(path)
-    run(t, ["mkdir", "-p", directory], purpose=f"creating {directory}")
-    tmp = posixpath.join(directory, f".{posixpath.basename(path)}.gpu-serving-{secrets.token_hex(4)}")
-    sftp = client(t).open_sftp()
-    try:
-        # Created 0600 first: a secret never sits world-readable, not even for a moment.
-        with sftp.open(tmp, "wb") as f:
-            f.chmod(0o600)
-            f.write(content)
-            f.flush()
-        sftp.chmod(tmp, mode)
-        sftp.posix_rename(tmp, path)
-    except Exception:
+    prefix = f".{posixpath.basename(path)}.gpu-serving-"
+    run(t, ["sh", "-c", _PREPARE_DIR, "sh", directory, prefix + "*"], purpose=f"creating {directory}", timeout=60)
+    tmp = posixpath.join(directory, prefix + secrets.token_hex(4))
+    with _sftp(t, f"writing {path}") as sftp:
         try:
-            sftp.remove(tmp)
+            # Created 0600 first: a secret never sits world-readable, not even for a moment.
+            with sftp.open(tmp, "wb") as f:
+                f.chmod(0o600)
+                f.write(content)
+                f.flush()
+            sftp.chmod(tmp, mode)
+            sftp.posix_rename(tmp, path)
         except Exception:
-            pass
-        raise
-    finally:
-        sftp.close()
+            try:
+                sftp.remove(tmp)
+            except Exception:
+                pass
+            raise
 
 
 def remove_file(t: Target, path: str) -> None:
-    run(t, ["rm", "-f", path], purpose=f"removing {path}")
+    run(t, ["rm", "-f", "--", path], purpose=f"removing {path}", timeout=60)

@@ -1,0 +1,212 @@
+"""Shared by the hardening tests (issue 8): the figures of the summary line, a recording of every
+command run on a rehearsal host over SSH, and the out-of-band controls that inject faults.
+
+The summary line is printed at the end of the run by a small plugin that each hardening test
+module registers (`register`), from counters the tests fill:
+
+    hardening: 90 invalid configs refused (10 through pulumi with 0 host commands), 9 faults injected and survived, 0 secrets found in outputs (28 outputs checked)
+"""
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures for the summary line
+
+@dataclass
+class Figures:
+    refused: set = field(default_factory=set)            # corpus cases the validator refused
+    refused_by_pulumi: set = field(default_factory=set)  # ... also through pulumi preview/up, 0 commands
+    faults: dict = field(default_factory=dict)           # fault name -> survived (bool)
+    outputs_checked: int = 0
+    secrets_found: int = 0
+
+
+FIGURES = Figures()
+
+
+def refused(case: str, *, through_pulumi: bool = False) -> None:
+    (FIGURES.refused_by_pulumi if through_pulumi else FIGURES.refused).add(case)
+
+
+def fault_injected(name: str) -> None:
+    FIGURES.faults.setdefault(name, False)
+
+
+def fault_survived(name: str) -> None:
+    FIGURES.faults[name] = True
+
+
+def secrets_checked(outputs: int, found: int) -> None:
+    FIGURES.outputs_checked += outputs
+    FIGURES.secrets_found += found
+
+
+def summary_line() -> str:
+    f = FIGURES
+    survived = sum(f.faults.values())
+    faults = (f"{len(f.faults)} faults injected and survived" if survived == len(f.faults)
+              else f"{len(f.faults)} faults injected, {survived} survived")
+    return (f"hardening: {len(f.refused | f.refused_by_pulumi)} invalid configs refused "
+            f"({len(f.refused_by_pulumi)} through pulumi with 0 host commands), {faults}, "
+            f"{f.secrets_found} secrets found in outputs ({f.outputs_checked} outputs checked)")
+
+
+class _SummaryPlugin:
+    def pytest_terminal_summary(self, terminalreporter):
+        terminalreporter.write_sep("-", "gpu-serving hardening (issue 8)")
+        terminalreporter.write_line(summary_line())
+
+
+def register(config) -> None:
+    """Idempotent: the first hardening module that runs adds the summary line to the report."""
+    if not config.pluginmanager.has_plugin("gpu-serving-hardening"):
+        config.pluginmanager.register(_SummaryPlugin(), "gpu-serving-hardening")
+
+
+# ---------------------------------------------------------------------------------------------
+# What runs on the host: every SSH command, recorded by sshd's ForceCommand
+
+COMMAND_LOG = "/var/log/gpu-serving-test-commands.log"
+_WRAPPER = "/usr/local/sbin/gpu-serving-test-cmdlog"
+_WRAPPER_TEXT = f"""#!/bin/sh
+# Test harness (tests/hardening_support.py): record the command, then run it as sshd would.
+printf '%s %s\\n' "$(date +%s.%N)" "$(printf '%s' "${{SSH_ORIGINAL_COMMAND:-(login shell)}}" | base64 -w0)" >> {COMMAND_LOG}
+if [ -z "$SSH_ORIGINAL_COMMAND" ]; then exec "${{SHELL:-/bin/sh}}" -l; fi
+exec "${{SHELL:-/bin/sh}}" -c "$SSH_ORIGINAL_COMMAND"
+"""
+_DROPIN = "/etc/ssh/sshd_config.d/99-gpu-serving-test-cmdlog.conf"
+
+
+def install_command_log(host) -> None:
+    """Make sshd on the rehearsal host record every command (exec, sftp subsystem, shell)."""
+    script = (f"cat > {_WRAPPER} <<'EOF'\n{_WRAPPER_TEXT}EOF\n"
+              f"chmod 755 {_WRAPPER} && touch {COMMAND_LOG} && "
+              f"echo 'ForceCommand {_WRAPPER}' > {_DROPIN} && sshd -t && systemctl reload ssh")
+    out = host.run(script, timeout=60)
+    assert out.returncode == 0, out.stderr
+    time.sleep(0.5)
+
+
+class HostRecord:
+    """Reads the rehearsal host's command log and sshd's journal from outside (through the
+    overlay the container runs on), so that looking does not itself run a command there."""
+
+    def __init__(self, host):
+        self.host = host
+        self.root = Path(host.instance_dir) / "merged"
+
+    def commands(self) -> list[str]:
+        try:
+            lines = (self.root / COMMAND_LOG.lstrip("/")).read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            _, _, b64 = line.partition(" ")
+            out.append(base64.b64decode(b64).decode(errors="replace"))
+        return out
+
+    def logins(self) -> int:
+        """sshd's "Accepted publickey" lines: one per SSH connection that got in."""
+        out = subprocess.run(["journalctl", "-D", str(self.root / "var/log/journal"), "-t", "sshd", "-o", "cat",
+                              "--no-pager"], capture_output=True, text=True, timeout=60).stdout
+        return out.count("Accepted publickey")
+
+    def mark(self) -> tuple[int, int]:
+        time.sleep(0.5)  # let journald write what sshd logged
+        return len(self.commands()), self.logins()
+
+    def since(self, mark: tuple[int, int]) -> tuple[list[str], int]:
+        """(commands run, logins) since `mark`."""
+        now_commands, now_logins = self.mark()
+        return self.commands()[mark[0]:], now_logins - mark[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Out-of-band controls (no SSH): the container's own systemd, through its namespaces
+
+def nsenter(host, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a command inside the rehearsal host without SSH (e.g. while sshd is stopped)."""
+    from rehearsal import host as H
+    leader = H.status(host.name).leader_pid
+    assert leader, f"rehearsal host {host.name} is not running"
+    return subprocess.run(["nsenter", "-t", str(leader), "-m", "-u", "-i", "-n", "-p", "--", *argv],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def container_pids(host, comm: str, cmdline: str = "") -> list[int]:
+    """PIDs (as seen from the test machine) of the rehearsal host's processes named `comm`."""
+    from rehearsal import host as H
+    pids = []
+    for pid in H.container_pids(host.name):
+        try:
+            c = Path(f"/proc/{pid}/comm").read_text().strip()
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if c == comm and cmdline in line:
+            pids.append(pid)
+    return pids
+
+
+def signal_pids(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def sshd_listener(host) -> list[int]:
+    return container_pids(host, "sshd", "[listener]")
+
+
+def session_pids(host, pattern: str) -> list[str]:
+    """The sshd session processes (on the host) of the connection that runs a command matching
+    `pattern` (a regex over the command line, anchored with ^ so that it cannot match the shell
+    doing the search)."""
+    assert pattern.startswith("^")
+    script = (r'''for p in $(pgrep -f "$1"); do q=$p; while [ "$q" -gt 1 ]; do '''
+              r'''q=$(awk '{print $4}' /proc/$q/stat); c=$(cat /proc/$q/comm 2>/dev/null); '''
+              r'''a=$(tr '\0' ' ' < /proc/$q/cmdline 2>/dev/null); '''
+              r'''case "$c:$a" in sshd:*listener*) break;; sshd:*) echo "$q";; esac; done; done''')
+    out = host.run(f"sh -c {shlex_quote(script)} sh {shlex_quote(pattern)}", timeout=30).stdout
+    return sorted(set(out.split()))
+
+
+def kill_connection_holding(host, pattern: str, sig: str = "KILL") -> list[str]:
+    """Send `sig` to the sshd session processes of the connection running `pattern` (see
+    `session_pids`): with KILL the client sees its connection drop, with STOP it freezes."""
+    pids = session_pids(host, pattern)
+    if pids:
+        host.run(f"kill -{sig} " + " ".join(pids), timeout=30)
+    return pids
+
+
+def shlex_quote(s: str) -> str:
+    import shlex
+    return shlex.quote(s)
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.3, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+SIGSTOP, SIGCONT = signal.SIGSTOP, signal.SIGCONT
