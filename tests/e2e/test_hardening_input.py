@@ -106,10 +106,21 @@ def test_bad_edit_of_a_deployed_stack_runs_nothing_with_run_program(deployed):
             assert "gpu-serving:model.servedName" in text, text[-3000:]
         commands, logins = record.since(mark)
         assert commands == [] and logins == 0, (commands, logins)
-        # Without --run-program the refresh reads the host first (read-only, with the settings in
-        # the state); the bad value still reaches nothing and nothing changes.
+        # scripts/env.sh makes that the default: a plain preview runs nothing either.
+        assert d.env.get("PULUMI_RUN_PROGRAM") == "true"
         mark = record.mark()
         text = failing(d.stack("tp8").preview)
+        assert "gpu-serving:model.servedName" in text, text[-3000:]
+        commands, logins = record.since(mark)
+        assert commands == [] and logins == 0, (commands, logins)
+        # Without it the refresh reads the host first (read-only, with the settings in the
+        # state); the bad value still reaches nothing and nothing changes.
+        d.env["PULUMI_RUN_PROGRAM"] = "false"
+        mark = record.mark()
+        try:
+            text = failing(d.stack("tp8").preview)
+        finally:
+            d.env["PULUMI_RUN_PROGRAM"] = "true"
         assert "gpu-serving:model.servedName" in text, text[-3000:]
         commands, logins = record.since(mark)
         assert commands and logins, "the recording saw the refresh's reads (it is not blind)"
