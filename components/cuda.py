@@ -32,11 +32,12 @@ from typing import TYPE_CHECKING, Optional
 import pulumi
 from pulumi.dynamic import Resource
 
-from .config import CudaSettings, StackSettings
 from .errors import ConfigError, SettingError
 from .facts import parse_nvcc, parse_os_release, split_sections
 
-if TYPE_CHECKING:  # not imported at run time: the providers import this module
+if TYPE_CHECKING:  # not imported at run time: the providers import this module (and pydantic
+    # models cost the provider process ~0.1 s at every start, before its first read)
+    from .config import CudaSettings, StackSettings
     from .gpu_host import GpuHost
 
 # The special value of cuda.aptRepository that installs from the local stand-in repository.

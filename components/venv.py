@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Optional
 import pulumi
 from pulumi.dynamic import Resource
 
-from .config import StackSettings, VenvSettings
 from .errors import ConfigError, SettingError
 from .facts import split_sections
 
-if TYPE_CHECKING:  # not imported at run time: the providers import this module
+if TYPE_CHECKING:  # not imported at run time: the providers import this module (and pydantic
+    # models cost the provider process ~0.1 s at every start, before its first read)
+    from .config import StackSettings, VenvSettings
     from .gpu_host import GpuHost
 
 REHEARSAL = "rehearsal"

@@ -36,9 +36,20 @@ echo
 """
 
 
-# A poll that also reads what the server runs when it generates: one round trip where a poll
-# then a /server_info read took two. $1..$5 as POLL_SCRIPT.
-SNAPSHOT_SCRIPT = POLL_SCRIPT + r"""
+# A poll that waits on the host: for up to $6 seconds it asks /health_generate every 0.2 s (each
+# ask bounded by 2 s; the report's own ask below has the whole generation timeout) and stops
+# as soon as the server generates or the unit is no longer running, then reports like
+# POLL_SCRIPT (the unit's state, the health, the ready line) and, when it generates, what it runs
+# (INFO_SCRIPT): the moment the server is ready is seen within 0.2 s, not a poll interval later,
+# over one round trip per interval. $1..$5 as POLL_SCRIPT.
+SNAPSHOT_SCRIPT = r"""
+end=$(awk -v w="$6" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", now + w }')
+while awk -v end="$end" -v now="$(date +%s.%N)" 'BEGIN { exit !(now < end) }'; do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$2:$3/health_generate")" = 200 ] && break
+  case "$(systemctl show -p ActiveState --value -- "$1")" in active|activating|reloading) ;; *) break ;; esac
+  sleep 0.2
+done
+""" + POLL_SCRIPT + r"""
 if [ "$code" = 200 ]; then set -- "$2" "$3"
 """ + INFO_SCRIPT + r"""
 fi
@@ -91,12 +102,15 @@ def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: floa
 
 
 def snapshot(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: Optional[int],
-             elapsed: float) -> tuple[R.Observation, Optional[tuple[str, dict, dict]]]:
-    """One round trip: the poll, and (probe used, server info, /v1/models) when it generates."""
+             elapsed: float, wait: float = 0.0) -> tuple[R.Observation, Optional[tuple[str, dict, dict]]]:
+    """One round trip: the poll, and (probe used, server info, /v1/models) when it generates.
+    `wait`: seconds the host may wait for the server to generate (or the unit to stop) first;
+    `elapsed` is the caller's clock when it sent the poll."""
+    t0 = time.monotonic()
     out = ssh.run(t, ["sh", "-c", SNAPSHOT_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)),
-                      "-" if since is None else str(since)],
-                  purpose=f"probing {unit}", timeout=gen_timeout + 60, check=False)
-    obs = _observation(out.stdout, elapsed)
+                      "-" if since is None else str(since), f"{max(0.0, wait):.1f}"],
+                  purpose=f"probing {unit}", timeout=gen_timeout + wait + 60, check=False)
+    obs = _observation(out.stdout, elapsed + (time.monotonic() - t0 if wait else 0.0))
     return obs, (_info(out.stdout) if obs.health == 200 else None)
 
 
@@ -163,10 +177,12 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
     ready_logged_at = None
     gen_timeout = float(settings.get("generationTimeoutSeconds", 60))
     last_phase = None
-    gen_timeout = float(settings.get("generationTimeoutSeconds", 60))
     while True:
         elapsed = time.monotonic() - start
-        obs, info_read = snapshot(t, unit, address, port, gen_timeout, since, elapsed)
+        # The host waits up to `pause` for the server (it answers as soon as it generates).
+        obs, info_read = snapshot(t, unit, address, port, gen_timeout, since, elapsed,
+                                  wait=min(pause, max(0.0, deadline - elapsed)))
+        elapsed = obs.elapsed
         if obs.logged_ready and ready_logged_at is None:
             ready_logged_at = elapsed
         verdict = R.judge(baseline, obs, deadline, ever_healthy,
@@ -203,4 +219,3 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
                         f"{m['field']} declared {m['declared']} running {m['running']}" for m in report.mismatches)
             return report
         pause = R.next_poll(pause, float(settings.get("pollInitialSeconds", 0.5)), float(settings.get("pollMaxSeconds", 30)))
-        time.sleep(min(pause, max(0.5, deadline - elapsed)))

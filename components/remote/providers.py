@@ -16,7 +16,6 @@ from typing import Any, Optional
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import readiness as R
-from ..config import SECRET_FORBIDDEN
 from ..facts import FACTS_SCRIPT, HostFacts, check_facts, parse_facts, parse_systemctl_show
 from . import probe, ssh
 
@@ -139,6 +138,7 @@ class RemoteFileProvider(ResourceProvider):
     @staticmethod
     def _bad_secrets(props: dict) -> list[str]:
         """Secret values that would end or extend their KEY="value" line (never the values)."""
+        from ..config import SECRET_FORBIDDEN  # here: pydantic would slow every provider start
         return [key for key, value in sorted((props.get("secretEnvironment") or {}).items())
                 if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
                                                or any(c.isspace() for c in value))]

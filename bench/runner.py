@@ -1,0 +1,327 @@
+"""The benchmark runner: gpu-serving vs Ansible vs pyinfra vs a raw ssh script, on the same
+rehearsal hosts, in the same run. See docs/benchmarks.md.
+
+Scenarios (each repeated; every timed run is followed by a check that the host is in the
+declared state, so a tool cannot win by doing less):
+
+- noop: everything deployed (ep8 serving); the tool's normal apply;
+- drift: the tool's drift check, nothing drifted;
+- switch: tp8 serving -> the tool's apply of ep8, until /health_generate answers;
+- fleet: noop and switch on 1, 2 and 4 hosts at once (one inventory; for gpu-serving one stack
+  per host, run in parallel: the program deploys one host per stack).
+
+SSH connections and sessions are counted from each host's sshd log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import hosts as H
+from . import stats
+from . import tools
+from .tools import Ansible, GpuServing, Pyinfra, RawSsh, Tool, ToolFailed
+from .workspace import BENCH, PROGRAM, REPO, cache_root, ensure_bench_venv, log, make_project
+
+RESULTS = BENCH / "results"
+STACKS = ("tp8", "ep8", "pp8")
+FROM, TO = "tp8", "ep8"
+
+
+def plans_of(project) -> dict[str, dict]:
+    """Each strategy's plan (`python -m components plan --json`), with its port and `siblings`:
+    the units of the other strategies the benchmark deploys (tp8, ep8), which the serving one's
+    deploy disables, as gpu-serving does (only the serving strategy is enabled)."""
+    plans = {}
+    for stack in STACKS:
+        p = project.plan(stack)
+        argv = p["exec_start"]
+        p["port"] = int(argv[argv.index("--port") + 1])
+        plans[stack] = p
+    for stack, p in plans.items():
+        p["siblings"] = [plans[s]["unit_name"] for s in (FROM, TO) if s != stack and plans[s]["unit_name"] in p["conflicts"]]
+    return plans
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = Path(args.work)
+        self.samples: dict = {"single": {}, "fleet": {}}
+        self.variants: dict = {}
+        self.flakes: list[str] = []
+        self.first_deploy = None
+
+    # ----------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        n = max(self.args.fleet)
+        venv = ensure_bench_venv()
+        if not self.args.reuse_hosts:
+            shutil.rmtree(self.work, ignore_errors=True)  # fresh hosts, fresh stacks
+        self.hosts = H.boot([f"bench{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
+        self.projects = {h.name: make_project(self.work, h.name, self.args.program_ref,
+                                                  tuple(self.args.program_paths or PROGRAM)) for h in self.hosts}
+        tools.use_peers(self.work / "peers")
+        self.plans = plans_of(self.projects[self.hosts[0].name])
+        for h in self.hosts[1:]:
+            other = plans_of(self.projects[h.name])
+            if any(other[s][k] != self.plans[s][k] for s in STACKS for k in ("unit_text", "environment_text", "unit_name")):
+                raise SystemExit("the rendered units differ between hosts: the runner expects the same plan everywhere")
+        all_tools: list[Tool] = [GpuServing(self.projects), Ansible(venv, self.work, self.plans),
+                                 Pyinfra(venv, self.work, self.plans), RawSsh(self.work, self.plans)]
+        self.tools = [t for t in all_tools if t.name in self.args.tools]
+        self.gs_skip = GpuServing(self.projects, ("--skip-preview",)) if "gpu-serving" in self.args.tools else None
+        # gpu-serving first: it installs CUDA and the venv, then every strategy unit.
+        log("first deploy with gpu-serving on every host (CUDA, venv, tp8 then ep8 units)")
+        gs = GpuServing(self.projects)
+        t0 = time.monotonic()
+        for stack in (FROM, TO):
+            self.reset_limits(self.hosts)
+            gs.converge(stack, self.hosts)
+            if stack == FROM:
+                self.first_deploy = round(time.monotonic() - t0, 1)
+                log(f"first deploy of {FROM} on {len(self.hosts)} fresh host(s) in parallel: {self.first_deploy} s")
+        self.verify(TO, self.hosts, "gpu-serving setup")
+        # Every tool converges once untimed (warm caches, and proof it leaves the same state).
+        for tool in self.tools:
+            for stack in (FROM, TO):
+                self.reset_limits(self.hosts)
+                tool.converge(stack, self.hosts)
+                tool.after_run()
+                self.verify(stack, self.hosts, f"{tool.name} warm-up {stack}")
+        log("every tool leaves every host in the same state")
+
+    def verify(self, stack: str, hosts: list[H.Host], what: str) -> None:
+        states = H.parallel(hosts, lambda h: H.host_state(h, self.plans))
+        problems = [f"{h.name}: {p}" for h, st in zip(hosts, states) for p in H.expected_problems(st, self.plans, stack)]
+        if problems:
+            raise SystemExit(f"after {what} the host is not in the declared state:\n  " + "\n  ".join(problems))
+
+    # ----------------------------------------------------------------------------------------
+    def measure(self, tool: Tool, what: str, stack: str, hosts: list[H.Host], scenario: str) -> dict:
+        """One timed run; a run lost to the rehearsal hosts' cgroup race (not the tool's doing)
+        is set up again and repeated, at most twice, and counted in the results."""
+        for attempt in range(3):
+            if scenario == "switch":
+                self.reset(hosts)
+            counter = H.Counter(hosts)
+            counter.start()
+            wall = time.time()
+            t0 = time.monotonic()
+            failed = None
+            try:
+                result = getattr(tool, what)(stack, hosts)
+            except ToolFailed as exc:
+                failed = exc
+            seconds = time.monotonic() - t0
+            tool.after_run()
+            conns, sessions = counter.stop()
+            units = [p["unit_name"] for p in self.plans.values()]
+            if attempt < 2 and any(H.parallel(hosts, lambda h: H.cgroup_flake(h, units, wall))):
+                # The unit failed to start for the container's reasons; the tool then failed or
+                # waited for systemd's restart: either way the run measured the host, not the tool.
+                self.flakes.append(f"{scenario} N={len(hosts)} {tool.name}")
+                log(f"{tool.name}: a unit failed with 219/CGROUP (rehearsal host cgroup race); running it again")
+                self.reset(hosts)
+                if scenario != "switch":
+                    H.parallel(hosts, lambda h: H.serve(h, self.plans[stack]["unit_name"], self.plans[stack]["port"], units))
+                continue
+            if failed:
+                raise failed
+            break
+        sample = {"seconds": round(seconds, 4), "connections": conns, "sessions": sessions}
+        if what == "check":
+            sample["drift"] = bool(result)
+            if result:
+                raise ToolFailed(f"{tool.name} reported drift on an undrifted host")
+        else:
+            self.verify(stack, hosts, f"{tool.name} {what} {stack}")
+        return sample
+
+    def reset_limits(self, hosts: list[H.Host]) -> None:
+        units = " ".join(p["unit_name"] for p in self.plans.values())
+        H.parallel(hosts, lambda h: h.sh(f"systemctl reset-failed {units} 2>/dev/null; true"))
+
+    def reset(self, hosts: list[H.Host]) -> None:
+        """tp8 serving, every host: the same starting point for every tool's switch."""
+        units = [p["unit_name"] for p in self.plans.values()]
+        H.parallel(hosts, lambda h: H.serve(h, self.plans[FROM]["unit_name"], self.plans[FROM]["port"], units))
+
+    def run_scenario(self, scenario: str, hosts: list[H.Host], tools: list[Tool]) -> dict[str, list[dict]]:
+        out: dict[str, list[dict]] = {t.name: [] for t in tools}
+        n = len(hosts)
+        for rep in range(self.args.repeat):
+            order = tools[rep % len(tools):] + tools[:rep % len(tools)]  # rotate: no tool always runs first
+            for tool in order:
+                what = "check" if scenario == "drift" else "converge"
+                sample = self.measure(tool, what, TO, hosts, scenario)
+                out[tool.name].append(sample)
+                log(f"{scenario:6} N={n} {tool.name:12} run {rep + 1}/{self.args.repeat}: {sample['seconds']:.2f} s, "
+                    f"{sample['connections']} ssh connection(s), {sample['sessions']} session(s)")
+        return out
+
+    def run(self) -> None:
+        one = self.hosts[:1]
+        for scenario in self.args.scenarios:
+            self.samples["single"][scenario] = self.run_scenario(scenario, one, self.tools)
+        if self.gs_skip and not self.args.no_variants:
+            for scenario in ("noop", "switch"):
+                if scenario in self.args.scenarios:
+                    v = self.run_scenario(scenario, one, [self.gs_skip])
+                    self.variants[f"{scenario}: pulumi up --yes --skip-preview"] = v[self.gs_skip.name]
+        for scenario in stats.FLEET_SCENARIOS:
+            if scenario not in self.args.scenarios:
+                continue
+            by_n = {1: self.samples["single"][scenario]}
+            for n in self.args.fleet:
+                if n > 1:
+                    by_n[n] = self.run_scenario(scenario, self.hosts[:n], self.tools)
+            self.samples["fleet"][scenario] = by_n
+
+    def teardown(self) -> None:
+        if self.args.keep_hosts:
+            log(f"hosts left running: {', '.join(h.name for h in self.hosts)} (python -m rehearsal down NAME)")
+            return
+        from rehearsal import host as rh
+        for h in getattr(self, "hosts", []):
+            rh.down(h.name)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------
+def _version(argv: list[str]) -> str:
+    try:
+        out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+        return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "?"
+    except (OSError, subprocess.TimeoutExpired):
+        return "?"
+
+
+def machine_info(env: dict) -> dict:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem = f"{kb / 2**20:.1f} GiB"
+    except (OSError, ValueError, IndexError):
+        pass
+    venv = cache_root() / "bench-venv" / "bin"
+    commit = _version(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"])
+    dirty = bool(subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "components", "Pulumi.yaml", "bench"],
+                                stdout=subprocess.PIPE, text=True).stdout.strip())
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "memory": mem, "kernel": platform.release(),
+        "python": platform.python_version(), "pulumi": _version(["env", f"PATH={env['PATH']}", "pulumi", "version"]),
+        "ansible-core": _version([str(venv / "ansible-playbook"), "--version"]),
+        "pyinfra": _version([str(venv / "pyinfra"), "--version"]),
+        "openssh": _version(["ssh", "-V"]),
+        "commit": commit + ("+dirty" if dirty else ""),
+    }
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="bench/run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="2 runs each, fleet of 1 and 2 hosts (a few minutes)")
+    p.add_argument("--repeat", type=int, help="timed runs per tool and scenario (default 4, --quick 2)")
+    p.add_argument("--fleet", type=lambda s: sorted({int(x) for x in s.split(",")} | {1}),
+                   help="host counts for fleet scaling (default 1,2,4; --quick 1,2)")
+    p.add_argument("--tools", type=lambda s: s.split(","), default=list(stats.TOOLS),
+                   help=f"comma-separated subset of {','.join(stats.TOOLS)}")
+    p.add_argument("--scenarios", type=lambda s: s.split(","), default=list(stats.SCENARIOS),
+                   help=f"comma-separated subset of {','.join(stats.SCENARIOS)}")
+    p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")
+    p.add_argument("--reuse-hosts", action="store_true", help="keep what bench0.. have (default: fresh hosts)")
+    p.add_argument("--keep-hosts", action="store_true", help="leave the rehearsal hosts (bench0..) running")
+    p.add_argument("--work", default=str(cache_root() / "bench-work"), help="scratch directory (removed at the end)")
+    p.add_argument("--out", default=str(RESULTS), help="where the results JSON goes (default bench/results)")
+    p.add_argument("--program-ref", help="benchmark the program (components/, Pulumi*.yaml) as of this git commit")
+    p.add_argument("--program-paths", type=lambda s: s.split(","),
+                   help="with --program-ref: only these paths from the commit (default: components/, __main__.py, Pulumi*.yaml)")
+    p.add_argument("--note", default="", help="a note stored with the results (e.g. 'before optimisations')")
+    args = p.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 2 if args.quick else 4
+    if args.fleet is None:
+        args.fleet = [1, 2] if args.quick else [1, 2, 4]
+    unknown = set(args.tools) - set(stats.TOOLS) | set(args.scenarios) - set(stats.SCENARIOS)
+    if unknown:
+        p.error(f"unknown tool or scenario: {', '.join(sorted(unknown))}")
+    if max(args.fleet) > 8:
+        p.error("at most 8 hosts")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    # As on a user's machine: Python caches bytecode (this workplace's shell turns that off).
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    if os.geteuid() != 0:
+        print("bench/run needs root (rehearsal hosts: systemd-nspawn, mounts, network namespaces)", file=sys.stderr)
+        return 2
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    t0 = time.monotonic()
+    bench = Bench(args)
+    try:
+        bench.setup()
+        bench.run()
+    except ToolFailed as exc:
+        print(f"bench: a tool failed, no results written:\n{exc}", file=sys.stderr)
+        return 1
+    finally:
+        if "bench" in locals():
+            try:
+                bench.teardown()
+            except Exception as exc:  # never hide the real error
+                print(f"bench: teardown: {exc}", file=sys.stderr)
+    env = next(iter(bench.projects.values())).env
+    results = {
+        "started": started,
+        "seconds": round(time.monotonic() - t0, 1),
+        "machine": machine_info(env),
+        "config": {"program_ref": args.program_ref, "program_paths": args.program_paths, "repeat": args.repeat, "fleet": args.fleet, "tools": args.tools, "scenarios": args.scenarios,
+                   "quick": args.quick, "note": args.note},
+        "samples": bench.samples,
+        "variants": bench.variants,
+        "flakes": bench.flakes,
+        "first_deploy_seconds": bench.first_deploy,
+    }
+    results["summary"] = stats.summarize_results(bench.samples)
+    results["summary"]["variants"] = {k: stats.summarize_samples(v) for k, v in bench.variants.items()}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / (started.replace(":", "").replace("-", "") + ".json")
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    print()
+    print(render(results))
+    print(f"\nresults: {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    return 0
+
+
+def render(results: dict) -> str:
+    m = results["machine"]
+    c = results["config"]
+    head = (f"gpu-serving benchmarks, {results['started']} ({results['seconds']:.0f} s), {c['repeat']} runs each"
+            f"{', quick' if c.get('quick') else ''}{' — ' + c['note'] if c.get('note') else ''}\n"
+            f"machine: {m['cpu']}, {m['cores']} cores, {m['memory']}; {m['pulumi']}; {m['ansible-core']}; "
+            f"{m['pyinfra']}; {m['openssh']}; commit {m['commit']}\n")
+    body = stats.report(results)
+    variants = results.get("summary", {}).get("variants") or {}
+    if variants:
+        rows = [[k, stats._f(v["seconds"]["median"]), stats._num(v.get("connections")), stats._num(v.get("sessions"))]
+                for k, v in variants.items() if v]
+        body += "\n### gpu-serving variants (1 host)\n\n" + stats.table(["variant", "median s", "ssh conns", "ssh sessions"], rows) + "\n"
+    return head + "\n" + body

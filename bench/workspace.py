@@ -1,0 +1,122 @@
+"""Where a benchmark run keeps its things: the bench venv with the peers, and one copy of the
+project per rehearsal host (its own Pulumi backend), pointed at that host, with the rehearsal
+engine set to load and warm up in zero seconds so that what is timed is the tool."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "bench"
+REQUIREMENTS = BENCH / "requirements.txt"
+IGNORE = shutil.ignore_patterns(".git", ".venv", ".pulumi-state", "__pycache__", ".pytest_cache", "tests", "bench", "docs")
+
+# The rehearsal engine answers as soon as it has started: the tools' own overhead is measured.
+ZERO_LOAD = {"REHEARSAL_LOAD_SECONDS": "0", "REHEARSAL_WARMUP_SECONDS": "0", "REHEARSAL_LOG_HEALTH": "0"}
+PASSPHRASE = "gpu-serving-bench"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving")
+
+
+def bench_venv() -> Path:
+    return cache_root() / "bench-venv"
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def ensure_bench_venv() -> Path:
+    """The venv with ansible-core and pyinfra (bench/requirements.txt), made once and stamped."""
+    venv = bench_venv()
+    want = hashlib.sha256(REQUIREMENTS.read_bytes() + sys.version.encode()).hexdigest()[:16]
+    stamp = venv / ".bench-stamp"
+    if (venv / "bin" / "python").exists() and stamp.exists() and stamp.read_text().strip() == want:
+        return venv
+    log(f"installing bench/requirements.txt into {venv}")
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = {**os.environ, "PIP_CACHE_DIR": str(cache_root() / "pip"), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "-r", str(REQUIREMENTS)],
+                   check=True, env=env)
+    stamp.write_text(want + "\n")
+    return venv
+
+
+@dataclass
+class Project:
+    """A deployable copy of the project for one rehearsal host, with its own backend."""
+
+    host: str
+    dir: Path
+    env: dict
+
+    def pulumi(self, *args: str, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(["pulumi", *args], cwd=self.dir, env=self.env, check=check, text=True,
+                              stdout=subprocess.PIPE if capture else None, stderr=subprocess.STDOUT if capture else None)
+
+    def plan(self, stack: str) -> dict:
+        # The copy's own code: what its `pulumi up` deploys.
+        out = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "components", "plan", "--stack", stack,
+                              "--json"], cwd=self.dir, check=True, text=True, stdout=subprocess.PIPE)
+        return json.loads(out.stdout)
+
+
+def engine_env(home: Path, backend: Path) -> dict:
+    sys.path.insert(0, str(REPO))
+    from tests.pulumi_env import engine_env as _engine_env, require_engine
+    env = _engine_env(pulumi_home=home, backend_url=f"file://{backend}", passphrase=PASSPHRASE)
+    require_engine(env)
+    env["PULUMI_SKIP_CONFIRMATIONS"] = "true"
+    return env
+
+
+# What `--program-ref` takes from a git commit (the rehearsal host and the runner stay as they are).
+PROGRAM = ("components", "__main__.py", "Pulumi.yaml", "Pulumi.tp8.yaml", "Pulumi.ep8.yaml", "Pulumi.pp8.yaml")
+
+
+def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str, ...] = PROGRAM) -> Project:
+    """work/<host>/project: the repository's program (the work tree's, or with `paths` as they
+    are at git commit `ref`), Pulumi.yaml pointed at rehearsal host `host`."""
+    root = work / host
+    project = root / "project"
+    if project.exists():
+        shutil.rmtree(project)
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    shutil.copytree(REPO, project, ignore=IGNORE, symlinks=True)
+    if ref:
+        for name in paths:
+            target = project / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref, *paths], check=True,
+                                 stdout=subprocess.PIPE).stdout
+        subprocess.run(["tar", "-x", "-C", str(project)], input=archive, check=True)
+    (project / ".venv").symlink_to(REPO / ".venv")
+    path = project / "Pulumi.yaml"
+    doc = yaml.safe_load(path.read_text())
+    config = doc["config"]
+    config["gpu-serving:host"]["value"]["rehearsal"] = host
+    config["gpu-serving:serving"]["value"]["environment"].update(ZERO_LOAD)
+    # The rehearsal host's cgroup v1 hierarchy fails a unit start now and then (219/CGROUP); the
+    # runner discards such runs, and a short RestartSec keeps the time they waste short. Every
+    # tool deploys this same rendered unit.
+    config["gpu-serving:serving"]["value"]["restartSec"] = 2
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    env = engine_env(root / "pulumi-home", root / "state")
+    p = Project(host, project, env)
+    for stack in ("tp8", "ep8"):
+        p.pulumi("stack", "select", "--create", stack)
+    return p

@@ -1,0 +1,130 @@
+"""The benchmark runner's pure parts (bench/stats.py, bench/hosts.py parsers, the CLI's
+defaults) with data: no hosts, no timing assertions."""
+from __future__ import annotations
+
+import pytest
+
+from bench import hosts as H
+from bench import stats
+from bench.runner import parse_args, render
+
+
+def sample(seconds, conns=1, sessions=3):
+    return {"seconds": seconds, "connections": conns, "sessions": sessions}
+
+
+SAMPLES = {
+    "single": {
+        "noop": {
+            "gpu-serving": [sample(4.0, 2, 22), sample(3.0, 2, 22), sample(5.0, 2, 22)],
+            "ansible": [sample(3.0, 1, 16), sample(3.2, 1, 16), sample(3.1, 1, 16)],
+            "pyinfra": [sample(1.0, 1, 9), sample(1.0, 1, 9)],
+            "raw-ssh": [sample(0.25, 1, 1), sample(0.2, 1, 1), sample(0.3, 1, 1)],
+        },
+    },
+    "fleet": {"noop": {}},
+}
+SAMPLES["fleet"]["noop"] = {1: SAMPLES["single"]["noop"],
+                            2: {"gpu-serving": [sample(6.0, 4)], "raw-ssh": [sample(0.5, 2)]}}
+
+
+def test_summary_is_min_median_max():
+    assert stats.summarize([3, 1, 2]) == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    assert stats.summarize([1, 2]) == {"min": 1.0, "median": 1.5, "max": 2.0, "n": 2}
+    assert stats.summarize([]) is None
+    s = stats.summarize_samples([sample(1.0, 1, 5), sample(2.0, 3, 7), sample(9.0, 1, 6)])
+    assert s["seconds"]["median"] == 2.0 and s["connections"] == 1 and s["sessions"] == 6
+
+
+def test_ratios_over_raw_and_ours_over_each_peer():
+    summary = stats.summarize_results(SAMPLES)
+    r = summary["ratios"]["noop"]
+    assert r["over_raw"]["raw-ssh"] == pytest.approx(1.0)
+    assert r["over_raw"]["gpu-serving"] == pytest.approx(4.0 / 0.25)
+    assert r["ours_over"]["ansible"] == pytest.approx(4.0 / 3.1)
+    assert r["ours_over"]["pyinfra"] == pytest.approx(4.0)
+    assert "gpu-serving" not in r["ours_over"]
+
+
+def test_fleet_scaling_is_relative_to_one_host():
+    summary = stats.summarize_results(SAMPLES)
+    scaling = summary["scaling"]["noop"]
+    assert scaling["gpu-serving"]["1"] == pytest.approx(1.0)
+    assert scaling["gpu-serving"]["2"] == pytest.approx(1.5)
+    assert scaling["raw-ssh"]["2"] == pytest.approx(2.0)
+    assert "2" not in scaling["ansible"]  # not measured at N=2: no ratio invented
+
+
+def test_ratio_of_missing_or_zero_is_none():
+    assert stats.ratio(None, 1.0) is None and stats.ratio(1.0, 0) is None and stats.ratio(2.0, 4.0) == 0.5
+
+
+def test_report_renders_every_table():
+    results = {"started": "2026-01-01T00:00:00Z", "seconds": 60, "config": {"repeat": 3, "quick": False, "note": "t"},
+               "machine": {"cpu": "cpu", "cores": 2, "memory": "1 GiB", "pulumi": "v3", "ansible-core": "a",
+                           "pyinfra": "p", "openssh": "o", "commit": "c"},
+               "summary": stats.summarize_results(SAMPLES)}
+    results["summary"]["variants"] = {"noop: --skip-preview": stats.summarize_samples([sample(2.0)])}
+    text = render(results)
+    assert "no-op converge" in text and "fleet scaling" in text and "--skip-preview" in text
+    row = next(line for line in text.splitlines() if line.startswith("| gpu-serving") and "16.00x" in line)
+    assert "| 4.00 " in row  # the median, and its ratio over raw-ssh
+    assert "T(2)/T(1)" in text
+
+
+STATE = """\
+file /etc/gpu-serving/kimi-k2.6.env {env} 600
+file /etc/systemd/system/u-tp8.service {tp8} 644
+file /etc/systemd/system/u-ep8.service {ep8} 644
+file /etc/systemd/system/u-pp8.service absent -
+unit u-tp8.service inactive disabled no
+unit u-ep8.service active enabled no
+unit u-pp8.service inactive - no
+health 200
+info tp_size:8 ep_size:8 pp_size:1
+"""
+
+
+def plans():
+    base = {"environment_path": "/etc/gpu-serving/kimi-k2.6.env", "environment_text": "A=1\n", "port": 30001}
+    return {s: {**base, "unit_name": f"u-{s}.service", "unit_text": f"[Unit] {s}\n",
+                "layout": {"tp_size": 1 if s == "pp8" else 8, "pp_size": 8 if s == "pp8" else 1, "ep_size": 8 if s == "ep8" else 1}}
+            for s in ("tp8", "ep8", "pp8")}
+
+
+def test_state_check_accepts_the_declared_state():
+    p = plans()
+    text = STATE.format(env=H.sha256("A=1\n"), tp8=H.sha256(p["tp8"]["unit_text"]), ep8=H.sha256(p["ep8"]["unit_text"]))
+    assert H.expected_problems(H.parse_state(text), p, "ep8") == []
+
+
+def test_state_check_names_each_difference():
+    p = plans()
+    text = STATE.format(env=H.sha256("A=2\n"), tp8=H.sha256(p["tp8"]["unit_text"]), ep8=H.sha256("edited"))
+    text = text.replace("kimi-k2.6.env " + H.sha256("A=2\n") + " 600", "kimi-k2.6.env " + H.sha256("A=2\n") + " 644")
+    text = text.replace("unit u-ep8.service active enabled no", "unit u-ep8.service active disabled yes")
+    text = text.replace("health 200", "health 503").replace("ep_size:8", "ep_size:1")
+    text = text.replace("unit u-tp8.service inactive disabled no", "unit u-tp8.service active enabled no")
+    problems = "\n".join(H.expected_problems(H.parse_state(text), p, "ep8"))
+    for expected in ("not the rendered environment", "mode 644", "not the rendered ep8 unit", "not enabled",
+                     "not reloaded", "answers 503", "ep_size=1", "u-tp8.service is active, expected inactive",
+                     "u-tp8.service is enabled"):
+        assert expected in problems
+
+
+def test_sshd_log_counts_connections_and_sessions():
+    lines = ["Accepted publickey for root from 10.213.1.1 port 5 ssh2: ED25519 SHA256:x",
+             "Starting session: command for root from 10.213.1.1 port 5 id 0",
+             "Starting session: subsystem 'sftp' for root from 10.213.1.1 port 5 id 1",
+             "Received disconnect from 10.213.1.1 port 5:11: disconnected by user"]
+    assert H.count(lines) == (1, 2)
+
+
+def test_cli_defaults_and_quick_mode():
+    full = parse_args([])
+    assert full.repeat == 4 and full.fleet == [1, 2, 4] and full.tools == list(stats.TOOLS)
+    quick = parse_args(["--quick"])
+    assert quick.repeat == 2 and quick.fleet == [1, 2]
+    assert parse_args(["--fleet", "4,2", "--repeat", "3"]).fleet == [1, 2, 4]
+    with pytest.raises(SystemExit):
+        parse_args(["--tools", "chef"])
