@@ -1083,15 +1083,21 @@ def up(name: str = DEFAULT_NAME, profile: Optional[str] = None, model: Optional[
         return _boot(cfg, timeout)
 
 
+def _power_off(name: str, timeout: float) -> None:
+    """Clean poweroff if it runs, then release mounts and network (stale ones too). Caller holds
+    the instance lock."""
+    pid = _read_pid(name)
+    if pid is not None:
+        _stop_container(name, pid, timeout)
+    _cleanup_stale(name, stale=pid is None)
+
+
 def stop(name: str = DEFAULT_NAME, timeout: float = 30.0) -> HostInfo:
     """Power the host off cleanly and release its mounts and network; keep its disk."""
     validate_name(name)
     _require_root()
     with _instance_lock(name):
-        pid = _read_pid(name)
-        if pid is not None:
-            _stop_container(name, pid, timeout)
-        _cleanup_stale(name, stale=pid is None)
+        _power_off(name, timeout)
     return status(name)
 
 
@@ -1106,10 +1112,7 @@ def restart(name: str = DEFAULT_NAME, timeout: float = 120.0,
         if cfg is None:
             raise RehearsalError(f"no rehearsal host {name!r}: `python -m rehearsal up {name}`")
         cfg = _ensure_instance(name, None, None, None, Path(cfg.rootfs))
-        pid = _read_pid(name)
-        if pid is not None:
-            _stop_container(name, pid, stop_timeout)
-        _cleanup_stale(name, stale=pid is None)
+        _power_off(name, stop_timeout)
         return _boot(cfg, timeout)
 
 
@@ -1118,10 +1121,7 @@ def down(name: str = DEFAULT_NAME, timeout: float = 30.0) -> None:
     validate_name(name)
     _require_root()
     with _instance_lock(name):
-        pid = _read_pid(name)
-        if pid is not None:
-            _stop_container(name, pid, timeout)
-        _cleanup_stale(name, stale=pid is None)
+        _power_off(name, timeout)
         _safe_rmtree(instance_dir(name))
         _safe_rmtree(state_dir(name))
 
