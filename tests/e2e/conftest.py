@@ -2,6 +2,7 @@
 driven by the real Pulumi engine through the Automation API."""
 from __future__ import annotations
 
+import copy
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,18 @@ class Deployment:
     def write_stack_file(self, name: str, strategy: dict, extra: dict | None = None) -> None:
         config = {"gpu-serving:strategy": strategy, **(extra or {})}
         (self.project / f"Pulumi.{name}.yaml").write_text(yaml.safe_dump({"config": config}))
+
+    def write_fault_stack(self, name: str, fault: str, readiness: dict | None = None) -> None:
+        """An EP8 stack whose engine has `fault`, with its own environment file (environmentDir)
+        so the fault never reaches the strategy it falls back to."""
+        project = yaml.safe_load((self.project / "Pulumi.yaml").read_text())["config"]
+        serving = copy.deepcopy(project["gpu-serving:serving"]["value"])
+        serving["environment"] = {**serving["environment"], **FAST_ENV, "REHEARSAL_FAULT": fault}
+        serving["environmentDir"] = f"/etc/gpu-serving/{name}"
+        self.write_stack_file(name, {"tpSize": 8, "epSize": 8}, {
+            "gpu-serving:serving": serving,
+            "gpu-serving:readiness": {**FAST_READINESS, **(readiness or {})},
+        })
 
 
 def make_deployment(tmp: Path, host) -> Deployment:

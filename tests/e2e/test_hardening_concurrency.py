@@ -5,19 +5,17 @@ and `destroy` of one stack never removes the shared CUDA toolkit, venv, environm
 another stack's unit. The steps run in order on one host."""
 from __future__ import annotations
 
-import copy
 import json
 import threading
 import time
 
 import pytest
-import yaml
 from pulumi import automation as auto
 
 from rehearsal import host as rehearsal
 from tests import hardening_support as H
 
-from .conftest import FAST_ENV, FAST_READINESS, make_deployment
+from .conftest import make_deployment
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
@@ -110,12 +108,7 @@ def test_two_switches_at_once_are_serialised_by_the_host_lock(d):
 def test_failed_switch_leaves_the_previous_strategy_serving_and_its_unit_intact(d):
     previous = serving_one(d)
     before = files(d)
-    project = yaml.safe_load((d.project / "Pulumi.yaml").read_text())["config"]
-    serving = copy.deepcopy(project["gpu-serving:serving"]["value"])
-    serving["environment"] = {**serving["environment"], **FAST_ENV, "REHEARSAL_FAULT": "crash_during_load"}
-    serving["environmentDir"] = "/etc/gpu-serving/crash"
-    d.write_stack_file("crash", {"tpSize": 8, "epSize": 8}, {"gpu-serving:serving": serving,
-                                                               "gpu-serving:readiness": FAST_READINESS})
+    d.write_fault_stack("crash", "crash_during_load")
     H.fault_injected("an engine crash during a switch")
     with pytest.raises(auto.CommandError) as info:
         d.stack("crash").up()

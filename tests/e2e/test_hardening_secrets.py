@@ -13,7 +13,6 @@ environment file, and only the token.
 """
 from __future__ import annotations
 
-import copy
 import json
 import secrets as pysecrets
 import stat
@@ -27,7 +26,7 @@ from pulumi import automation as auto
 from components.remote import ssh
 from tests import hardening_support as H
 
-from .conftest import FAST_ENV, FAST_READINESS, make_deployment
+from .conftest import make_deployment
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
@@ -85,12 +84,7 @@ def real(tmp_path_factory, rehearsal_host_factory) -> Secrets:
     key = Path(host.private_key).read_text()
     token = "hf_" + "".join(c for c in pysecrets.token_urlsafe(40) if c.isalnum())[:34]
     # A strategy whose engine crashes while loading, with its own environment file.
-    project = yaml.safe_load((d.project / "Pulumi.yaml").read_text())["config"]
-    serving = copy.deepcopy(project["gpu-serving:serving"]["value"])
-    serving["environment"] = {**serving["environment"], **FAST_ENV, "REHEARSAL_FAULT": "crash_during_load"}
-    serving["environmentDir"] = "/etc/gpu-serving/crash"
-    d.write_stack_file("crash", {"tpSize": 8, "epSize": 8}, {"gpu-serving:serving": serving,
-                                                               "gpu-serving:readiness": FAST_READINESS})
+    d.write_fault_stack("crash", "crash_during_load")
     for stack in ("tp8", "crash"):
         set_secret(d, stack, "gpu-serving:sshPrivateKey", key)
         set_secret(d, stack, "gpu-serving:hfToken", token)

@@ -2,13 +2,9 @@
 error carries the journal, and the strategy that served before is serving again."""
 from __future__ import annotations
 
-import copy
-
 import pytest
-import yaml
 from pulumi import automation as auto
 
-from .conftest import FAST_ENV, FAST_READINESS
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
@@ -21,23 +17,10 @@ def serving(deployment):
     return deployment
 
 
-def fault_stack(d, name: str, fault: str, readiness: dict | None = None):
-    """A strategy stack whose engine has `fault`, with its own environment file (environmentDir)
-    so the fault never reaches the strategy it falls back to."""
-    project = yaml.safe_load((d.project / "Pulumi.yaml").read_text())["config"]
-    serving = copy.deepcopy(project["gpu-serving:serving"]["value"])
-    serving["environment"] = {**serving["environment"], **FAST_ENV, "REHEARSAL_FAULT": fault}
-    serving["environmentDir"] = f"/etc/gpu-serving/{name}"
-    d.write_stack_file(name, {"tpSize": 8, "epSize": 8}, {
-        "gpu-serving:serving": serving,
-        "gpu-serving:readiness": {**FAST_READINESS, **(readiness or {})},
-    })
-    return d.stack(name)
-
-
 def failed_up(d, name, fault, readiness=None) -> str:
     with pytest.raises(auto.CommandError) as info:
-        fault_stack(d, name, fault, readiness).up()
+        d.write_fault_stack(name, fault, readiness)
+        d.stack(name).up()
     return str(info.value)
 
 
