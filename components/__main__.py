@@ -1,4 +1,5 @@
-"""``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH."""
+"""``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH.
+``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +8,8 @@ import sys
 from pathlib import Path
 
 from .errors import ConfigError
-from .plan import ServingPlan, plan_stack
+from .config import parse_settings
+from .plan import ServingPlan, load_stack_config, plan_hosts, plan_stack
 
 
 def _print_plan(plan: ServingPlan) -> None:
@@ -32,6 +34,20 @@ def _print_plan(plan: ServingPlan) -> None:
     print(d["environment_text"], end="")
 
 
+def _print_hosts(plans: list[tuple[str, ServingPlan]]) -> None:
+    """A fleet: the plan once per distinct hardware (most fleets are one kind of machine)."""
+    groups: dict[tuple, list[str]] = {}
+    first: dict[tuple, ServingPlan] = {}
+    for name, plan in plans:
+        key = (plan.unit.text, plan.environment_text, repr(plan.memory.as_dict()))
+        groups.setdefault(key, []).append(f"{name} ({plan.settings.host.target})")
+        first.setdefault(key, plan)
+    print(f"stack {plans[0][1].settings.stack}: {len(plans)} hosts")
+    for key, names in groups.items():
+        print(f"\n=== {', '.join(names)}")
+        _print_plan(first[key])
+
+
 def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
     """The switch as a reviewer wants it: which unit stops, which starts, and every changed line."""
     import difflib
@@ -54,10 +70,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--project-dir", default=".", type=Path, help="directory holding Pulumi.yaml (default: .)")
     p.add_argument("--against", metavar="STACK",
                    help="show what switching from STACK to --stack changes: a line diff of units and environment")
+    r = sub.add_parser("rehearsal-hosts", help="the rehearsal hosts a stack deploys to, one per line")
+    r.add_argument("--stack", required=True)
+    r.add_argument("--project-dir", default=".", type=Path)
     args = parser.parse_args(argv)
 
+    if args.command == "rehearsal-hosts":
+        try:
+            settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
+        except ConfigError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        for _, s in settings.per_host():
+            if s.host.is_rehearsal:
+                print(s.host.rehearsal)
+        return 0
     try:
-        plan = plan_stack(args.project_dir, args.stack)
+        plans = plan_hosts(args.project_dir, args.stack)
+        plan = plans[0][1]
         before = plan_stack(args.project_dir, args.against) if args.against else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -66,8 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         _print_switch(before, plan)
         return 0
     if args.json:
-        json.dump(plan.as_dict(), sys.stdout, indent=2)
+        out = plan.as_dict()
+        if plans[0][0]:
+            out["hosts"] = [{"name": n, **p.as_dict()["host"], "memory": p.memory.as_dict()} for n, p in plans]
+        json.dump(out, sys.stdout, indent=2)
         print()
+    elif plans[0][0]:
+        _print_hosts(plans)
     else:
         _print_plan(plan)
     return 0

@@ -166,6 +166,19 @@ class HostSettings(Settings):
     def is_rehearsal(self) -> bool:
         return self.address is None
 
+    @property
+    def target(self) -> str:
+        """Where the host is reached: two fleet entries must never reach the same one."""
+        return f"{self.address}:{self.port}" if self.address else f"rehearsal:{self.rehearsal}"
+
+
+class HostEntry(HostSettings):
+    """One machine of `gpu-serving:hosts`: a name plus any `host` setting, the rest inherited
+    from `gpu-serving:host` (which then describes the fleet's common hardware)."""
+
+    # Names the host's resources and its entry in the outputs.
+    name: Name
+
 
 class ModelSettings(Settings):
     profile: Optional[str] = None
@@ -379,6 +392,7 @@ class StackSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     stack: str
+    # The host this plan is for; with `hosts`, each entry in turn (see `per_host`).
     host: HostSettings
     model: ModelSettings
     strategy: StrategySettings
@@ -386,10 +400,19 @@ class StackSettings(BaseModel):
     cuda: CudaSettings
     venv: VenvSettings
     readiness: ReadinessSettings
+    # gpu-serving:hosts, when the stack deploys to a fleet; empty for the one-host form.
+    hosts: tuple[HostEntry, ...] = ()
 
     @property
     def strategy_name(self) -> str:
         return self.strategy.name or self.stack
+
+    def per_host(self) -> list[tuple[str, "StackSettings"]]:
+        """(entry name, the settings with that entry as `host`) per machine; ("", self) for the
+        one-host form, whose resources keep their names."""
+        if not self.hosts:
+            return [("", self)]
+        return [(h.name, self.model_copy(update={"host": h, "hosts": ()})) for h in self.hosts]
 
 
 SECTIONS = {
@@ -403,6 +426,10 @@ SECTIONS = {
 }
 # Settings given as their own (secret) config keys rather than inside a section.
 SECRET_KEYS = ("sshPrivateKey", "hfToken")
+# A list of host objects: the fleet one stack deploys to (one engine run for all of them).
+HOSTS_KEY = "hosts"
+MAX_HOSTS = 64
+CONFIG_KEYS = (*SECTIONS, HOSTS_KEY)
 
 
 def _loc(section: str, loc: tuple) -> str:
@@ -414,7 +441,8 @@ def _loc(section: str, loc: tuple) -> str:
 
 def _suggest(section: str, key: str) -> str:
     import difflib
-    fields = [f.alias or n for n, f in SECTIONS[section].model_fields.items()]
+    cls = HostEntry if section == HOSTS_KEY else SECTIONS[section]
+    fields = [f.alias or n for n, f in cls.model_fields.items()]
     close = difflib.get_close_matches(key, fields, n=1)
     return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
 
@@ -429,12 +457,12 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
     for key in SECRET_KEYS:
         errors += check_secret_value(key, config.get(key))
     for key in config:
-        if key not in SECTIONS and key not in SECRET_KEYS:
+        if key not in CONFIG_KEYS and key not in SECRET_KEYS:
             import difflib
-            close = difflib.get_close_matches(key, list(SECTIONS) + list(SECRET_KEYS), n=1)
+            close = difflib.get_close_matches(key, list(CONFIG_KEYS) + list(SECRET_KEYS), n=1)
             errors.append(SettingError(f"{NAMESPACE}:{key}", "unknown setting",
                                        f"did you mean {NAMESPACE}:{close[0]}?" if close else
-                                       f"settings are {', '.join(NAMESPACE + ':' + s for s in SECTIONS)}"))
+                                       f"settings are {', '.join(NAMESPACE + ':' + s for s in CONFIG_KEYS)}"))
     for section, cls in SECTIONS.items():
         raw = config.get(section)
         if raw is None:
@@ -449,15 +477,64 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
         try:
             sections[section] = cls.model_validate(raw)
         except ValidationError as exc:
-            for err in exc.errors():
-                loc = tuple(err["loc"])
-                if err["type"] == "extra_forbidden":
-                    errors.append(SettingError(_loc(section, loc), "unknown key", _suggest(section, str(loc[-1]))))
-                elif err["type"] == "missing":
-                    errors.append(SettingError(_loc(section, loc), "is required", "set it in the stack file or pick a model profile" if section == "model" else ""))
-                else:
-                    msg = err["msg"].removeprefix("Value error, ")
-                    errors.append(SettingError(_loc(section, loc), msg))
+            errors += _validation_errors(section, exc)
+    hosts = _parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
-    return StackSettings(stack=stack, **sections)
+    return StackSettings(stack=stack, hosts=hosts, **sections)
+
+
+def _validation_errors(section: str, exc: ValidationError, where=None) -> list[SettingError]:
+    """pydantic's errors as SettingErrors; `where(loc)` names the setting (default: section.loc)."""
+    where = where or (lambda loc: _loc(section, loc))
+    out = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        if err["type"] == "extra_forbidden":
+            out.append(SettingError(where(loc), "unknown key", _suggest(section, str(loc[-1]))))
+        elif err["type"] == "missing":
+            out.append(SettingError(where(loc), "is required", "set it in the stack file or pick a model profile" if section == "model" else ""))
+        else:
+            out.append(SettingError(where(loc), err["msg"].removeprefix("Value error, ")))
+    return out
+
+
+def _parse_hosts(raw: Any, common: dict, errors: list[SettingError]) -> tuple[HostEntry, ...]:
+    """gpu-serving:hosts: each entry is `host` with the entry's own keys on top."""
+    if raw is None:
+        return ()
+    where = f"{NAMESPACE}:{HOSTS_KEY}"
+    if not isinstance(raw, list) or not raw:
+        errors.append(SettingError(where, "must be a non-empty list of host objects",
+                                   "e.g. [{name: gpu1, address: 10.0.0.11, hostKey: ...}, {name: gpu2, ...}]"))
+        return ()
+    if len(raw) > MAX_HOSTS:
+        errors.append(SettingError(where, f"lists {len(raw)} hosts; at most {MAX_HOSTS} in one stack"))
+        return ()
+    entries: list[HostEntry] = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            errors.append(SettingError(f"{where}[{i}]", f"must be an object of host settings, got {type(item).__name__}"))
+            continue
+
+        def name_setting(loc, i=i, item=item):
+            # A bad value inherited from gpu-serving:host is named there, where it is written.
+            if loc and loc[0] not in item and loc[0] in common:
+                return _loc("host", loc)
+            return _loc(f"{HOSTS_KEY}[{i}]", loc)
+        try:
+            entries.append(HostEntry.model_validate({**common, **item}))
+        except ValidationError as exc:
+            errors += _validation_errors(HOSTS_KEY, exc, name_setting)
+    seen_names: dict[str, int] = {}
+    seen_targets: dict[str, int] = {}
+    for i, e in enumerate(entries):
+        if e.name in seen_names:
+            errors.append(SettingError(f"{where}[{i}].name", f"{e.name!r} is already the name of hosts[{seen_names[e.name]}]",
+                                       "each host needs its own name: it names its resources and outputs"))
+        seen_names.setdefault(e.name, i)
+        if e.target in seen_targets:
+            errors.append(SettingError(f"{where}[{i}]", f"reaches the same host as hosts[{seen_targets[e.target]}] ({e.target})",
+                                       "two entries for one machine would start two servers on its GPUs"))
+        seen_targets.setdefault(e.target, i)
+    return tuple(entries)

@@ -84,6 +84,22 @@ def build_plan(settings: StackSettings, siblings: list[str]) -> ServingPlan:
     )
 
 
+def build_plans(settings: StackSettings, siblings: list[str]) -> list[tuple[str, ServingPlan]]:
+    """(host name, plan) for every host of the stack; ("", plan) for the one-host form. Every
+    host's plan is checked before any is returned: one host that cannot run the strategy stops
+    the whole stack before anything touches any host."""
+    plans, errors = [], []
+    for name, s in settings.per_host():
+        try:
+            plans.append((name, build_plan(s, siblings)))
+        except ConfigError as exc:
+            # Name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
+            errors += [SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix) for e in exc.errors]
+    if errors:
+        raise ConfigError(errors, f"stack {settings.stack}")
+    return plans
+
+
 def _strip_namespace(config: dict[str, Any], source: str) -> dict[str, Any]:
     out = {}
     for key, value in (config or {}).items():
@@ -137,8 +153,14 @@ def load_stack_config(project_dir: Path, stack: str) -> dict[str, Any]:
     return merged
 
 
-def plan_stack(project_dir: Path, stack: str) -> ServingPlan:
+def plan_hosts(project_dir: Path, stack: str) -> list[tuple[str, ServingPlan]]:
+    """The plan of every host of the stack (see `build_plans`)."""
     raw = load_stack_config(project_dir, stack)
     # Secrets are not needed for a plan (and are encrypted in stack files).
     settings = parse_settings(stack, raw)
-    return build_plan(settings, stack_names(project_dir))
+    return build_plans(settings, stack_names(project_dir))
+
+
+def plan_stack(project_dir: Path, stack: str) -> ServingPlan:
+    """The plan of the stack's (first) host; every host is checked."""
+    return plan_hosts(project_dir, stack)[0][1]

@@ -1,24 +1,44 @@
-"""The Pulumi program: settings -> plan -> host, CUDA, venv, unit, readiness."""
+"""The Pulumi program: settings -> plan -> per host: host, CUDA, venv, unit, readiness."""
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import pulumi
 
-from .config import SECTIONS, parse_settings
+from .config import CONFIG_KEYS, StackSettings, parse_settings
 from .cuda import CudaToolkit
 from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
-from .plan import build_plan, stack_names
+from .plan import ServingPlan, build_plans, stack_names
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
 
 
 def read_config() -> dict:
     cfg = pulumi.Config("gpu-serving")
-    return {key: cfg.get_object(key) for key in SECTIONS if cfg.get_object(key) is not None}
+    return {key: cfg.get_object(key) for key in CONFIG_KEYS if cfg.get_object(key) is not None}
+
+
+def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
+                secret_env: Optional[pulumi.Output]) -> dict:
+    """One machine: its facts, CUDA, venv, the strategy's unit and the readiness verdict.
+    `name` is "" for the one-host form (the resource names stay what they always were) or the
+    fleet entry's name, which prefixes every resource of that host."""
+    settings: StackSettings = plan.settings
+    prefix = f"{name}-" if name else ""
+    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key), needed_gpus=plan.world_size)
+    after_host = pulumi.ResourceOptions(depends_on=[host])
+    # Shared by every strategy stack of the host; a stack's destroy leaves them in place.
+    installs = [CudaToolkit(f"{prefix}cuda", host, settings, after_host),
+                PythonVenv(f"{prefix}venv", host, settings, after_host)]
+    unit = ServingUnit(f"{prefix}{settings.strategy_name}", plan, host, secret_env,
+                       pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix)
+    ready = ReadinessCheck(f"{prefix}readiness", plan, host, unit, prefix=prefix)
+    return {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": plan.memory.as_dict(),
+            "host": host.facts, "readiness": ready.report}
 
 
 def run() -> None:
@@ -26,28 +46,28 @@ def run() -> None:
     cfg = pulumi.Config("gpu-serving")
     try:
         settings = parse_settings(stack, read_config())
-        plan = build_plan(settings, stack_names(Path(os.getcwd())))
+        # Every host's plan before any resource: a fleet with one unfit host changes nothing.
+        plans = build_plans(settings, stack_names(Path(os.getcwd())))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None
-    for warning in plan.warnings:
+    for warning in dict.fromkeys(w for _, plan in plans for w in plan.warnings):
         pulumi.log.warn(warning)
-
-    host = GpuHost("host", GpuHostArgs(settings, private_key=cfg.get_secret("sshPrivateKey")), needed_gpus=plan.world_size)
-    after_host = pulumi.ResourceOptions(depends_on=[host])
-    # Shared by every strategy stack of the host; a stack's destroy leaves them in place.
-    installs = [CudaToolkit("cuda", host, settings, after_host), PythonVenv("venv", host, settings, after_host)]
 
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None
-    unit = ServingUnit(settings.strategy_name, plan, host, secret_env,
-                       pulumi.ResourceOptions(depends_on=[host, *installs]))
-    ready = ReadinessCheck("readiness", plan, host, unit)
+    private_key = cfg.get_secret("sshPrivateKey")
+    # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
+    outputs = {name: deploy_host(name, plan, private_key, secret_env) for name, plan in plans}
 
-    pulumi.export("strategy", {"name": settings.strategy_name, "world_size": plan.world_size,
-                               "layout": plan.as_dict()["layout"]})
-    pulumi.export("unit", plan.unit.name)
-    pulumi.export("endpoint", f"http://{host.address}:{settings.serving.port}")
-    pulumi.export("memory", plan.memory.as_dict())
-    pulumi.export("host", host.facts)
-    pulumi.export("readiness", ready.report)
+    first = plans[0][1]
+    pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
+                               "layout": first.as_dict()["layout"]})
+    pulumi.export("unit", first.unit.name)
+    if not settings.hosts:
+        for key, value in outputs[""].items():
+            pulumi.export(key, value)
+        return
+    # A fleet: the same outputs, each a map by host name.
+    for key in ("endpoint", "memory", "host", "readiness"):
+        pulumi.export(key, {name: out[key] for name, out in outputs.items()})

@@ -16,10 +16,10 @@ class ReadinessCheck(pulumi.ComponentResource):
     report: pulumi.Output[dict]
 
     def __init__(self, name: str, plan: ServingPlan, host: GpuHost, unit: ServingUnit,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 opts: Optional[pulumi.ResourceOptions] = None, prefix: str = ""):
         super().__init__("gpu-serving:index:ReadinessCheck", name, {}, opts)
         s = plan.settings
-        self.resource = Readiness("readiness", {
+        self.resource = Readiness(f"{prefix}readiness", {
             "connection": host.connection,
             "unit": plan.unit.name,
             "bind": s.serving.host,

@@ -28,14 +28,16 @@ class ServingUnit(pulumi.ComponentResource):
     readiness_report: pulumi.Output
 
     def __init__(self, name: str, plan: ServingPlan, host: GpuHost, secret_environment: Optional[pulumi.Output] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None):
+                 opts: Optional[pulumi.ResourceOptions] = None, prefix: str = ""):
+        # `prefix` ("gpu1-") keeps the children's names unique in a fleet: a URN holds the
+        # parent's type, not its name.
         super().__init__("gpu-serving:index:ServingUnit", name, {}, opts)
         child = pulumi.ResourceOptions(parent=self)
         s = plan.settings
         self.unit_name = plan.unit.name
         # The environment file is shared by every strategy stack of this model: destroying one
         # stack must not take it from the others.
-        self.environment_file = RemoteFile("environment-file", {
+        self.environment_file = RemoteFile(f"{prefix}environment-file", {
             "connection": host.connection,
             "path": plan.unit.environment_path,
             "content": plan.environment_text,
@@ -43,7 +45,7 @@ class ServingUnit(pulumi.ComponentResource):
             "secretEnvironment": secret_environment if secret_environment is not None else {},
             "retainOnDelete": True,
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
-        self.unit_file = RemoteFile("unit-file", {
+        self.unit_file = RemoteFile(f"{prefix}unit-file", {
             "connection": host.connection,
             "path": f"{UNIT_DIR}/{plan.unit.name}",
             "content": plan.unit.text,
@@ -54,7 +56,7 @@ class ServingUnit(pulumi.ComponentResource):
             lambda d: hashlib.sha256(repr(sorted((d or {}).items())).encode()).hexdigest())
         config_hash = secret_hash.apply(lambda sh: hashlib.sha256(
             (plan.unit.text + plan.environment_text + sh).encode()).hexdigest())
-        self.service = Service("service", {
+        self.service = Service(f"{prefix}service", {
             "connection": host.connection,
             "unit": plan.unit.name,
             "siblings": [f"{s.serving.unit_prefix}-{s.model.name}-{x}.service" for x in plan.siblings],

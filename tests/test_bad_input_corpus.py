@@ -24,7 +24,7 @@ import yaml
 from components import cuda as C
 from components.config import SECTIONS, parse_settings
 from components.errors import ConfigError, SettingError
-from components.plan import build_plan, plan_stack, stack_names
+from components.plan import build_plan, build_plans, plan_stack, stack_names
 from components.strategy import UNIT_NAME
 
 from . import hardening_support as H
@@ -54,7 +54,7 @@ def validate(stack: str, config: dict) -> list[SettingError]:
     """What preview checks before the program registers a single resource."""
     try:
         settings = parse_settings(stack, config)
-        build_plan(settings, SIBLINGS)
+        build_plans(settings, SIBLINGS)
     except ConfigError as exc:
         return exc.errors
     return C.settings_problems(settings.cuda)

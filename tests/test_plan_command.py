@@ -69,3 +69,44 @@ def test_switch_diff_shows_the_changed_flags_only():
     assert "-    --ep-size 1 \\" in out.stdout and "+    --ep-size 8 \\" in out.stdout
     assert "--tp-size" not in out.stdout  # unchanged lines outside the context are not shown
     assert "environment: identical" in out.stdout
+
+
+FLEET_STACK = """config:
+  gpu-serving:strategy: {tpSize: 8, epSize: 8}
+  gpu-serving:hosts:
+    - {name: gpu1, address: 10.0.0.11}
+    - {name: gpu2, address: 10.0.0.12}
+    - {name: big, rehearsal: h200, gpuMemoryGb: 141}
+"""
+
+
+def write_fleet(tmp_path):
+    write_project(tmp_path, "config: {}\n")
+    (tmp_path / "Pulumi.fleet.yaml").write_text(FLEET_STACK)
+
+
+def test_plan_of_a_fleet_prints_each_kind_of_host_once(tmp_path):
+    write_fleet(tmp_path)
+    out = run_plan("--stack", "fleet", "--project-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("stack fleet: 3 hosts")
+    # Two 96 GB hosts share one plan; the 141 GB host has a bigger KV pool, shown apart.
+    assert "=== gpu1 (10.0.0.11:22), gpu2 (10.0.0.12:22)" in out.stdout
+    assert "=== big (rehearsal:h200)" in out.stdout
+    assert out.stdout.count("KV capacity") == 2
+    js = json.loads(run_plan("--stack", "fleet", "--project-dir", str(tmp_path), "--json").stdout)
+    assert [h["name"] for h in js["hosts"]] == ["gpu1", "gpu2", "big"]
+    assert js["hosts"][2]["memory"]["max_total_tokens"] > js["hosts"][0]["memory"]["max_total_tokens"]
+
+
+def test_rehearsal_hosts_lists_the_hosts_to_boot(tmp_path):
+    write_fleet(tmp_path)
+    cmd = [sys.executable, "-m", "components", "rehearsal-hosts", "--project-dir", str(tmp_path)]
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run(cmd + ["--stack", "fleet"], capture_output=True, text=True, env=env)
+    assert out.returncode == 0 and out.stdout.split() == ["h200"], out
+    shipped = subprocess.run(cmd[:-2] + ["--stack", "ep8"], cwd=ROOT, capture_output=True, text=True, env=env)
+    assert shipped.stdout.split() == ["default"], shipped
+    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu-serving:hosts: []\n")
+    bad = subprocess.run(cmd + ["--stack", "bad"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "gpu-serving:hosts" in bad.stderr

@@ -59,3 +59,65 @@ def test_program_registers_components_with_rendered_unit(stack, monkeypatch):
     assert service["unit"] == plan.unit.name
     assert service["declared"]["tp_size"] == plan.layout.tp_size
     assert sorted(service["siblings"]) == sorted(plan.unit.conflicts)
+
+
+def _run_program(stack: str, config: dict) -> Recorder:
+    rec = Recorder()
+    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
+    pulumi.runtime.set_all_config(config)
+    from components.program import run
+
+    @pulumi.runtime.test
+    def check():
+        run()
+        return pulumi.Output.from_input(True).apply(lambda _: None)
+
+    check()
+    return rec
+
+
+FLEET = [{"name": "gpu1", "rehearsal": "fleet-a"},
+         {"name": "gpu2", "rehearsal": "fleet-b", "gpuMemoryGb": 141, "gpuModel": "NVIDIA H200"}]
+
+
+def test_fleet_registers_every_resource_once_per_host_with_that_hosts_plan(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = stack_config("ep8")
+    config["gpu-serving:hosts"] = json.dumps(FLEET)
+    rec = _run_program("ep8", config)
+    names = [(t, n) for t, n, _ in rec.resources]
+    # A URN holds the parent's type, not its name: every child needs a name of its own.
+    assert len(names) == len(set(names)), sorted(names)
+    by_name = {n: inputs for _, n, inputs in rec.resources}
+    for host in ("gpu1", "gpu2"):
+        for child in ("facts", "cuda-toolkit", "venv-packages", "environment-file", "unit-file", "service", "readiness"):
+            assert f"{host}-{child}" in by_name, (host, child, sorted(by_name))
+    assert {t for t, n, _ in rec.resources if n == "gpu1"} == {"gpu-serving:index:GpuHost"}
+    # Each host gets the plan for its own hardware: the KV pool differs with the GPU memory.
+    assert by_name["gpu1-facts"]["expect"]["gpuMemoryGb"] == 96
+    assert by_name["gpu2-facts"]["expect"]["gpuMemoryGb"] == 141
+    assert by_name["gpu1-service"]["unit"] == by_name["gpu2-service"]["unit"] == "sglang-kimi-k2.6-ep8.service"
+    # The one-host names are not used in a fleet (they would collide with a second host).
+    assert not {"host-facts", "service", "unit-file"} & set(by_name)
+
+
+def test_one_host_form_keeps_its_resource_names(monkeypatch):
+    # Stacks deployed before fleets existed must see no rename (a rename is a delete + create).
+    monkeypatch.chdir(ROOT)
+    rec = _run_program("ep8", stack_config("ep8"))
+    names = {n for _, n, _ in rec.resources}
+    assert {"host", "host-facts", "cuda", "cuda-toolkit", "venv", "venv-packages", "ep8", "environment-file",
+            "unit-file", "service", "readiness"} <= names, sorted(names)
+
+
+def test_fleet_with_one_unfit_host_registers_nothing(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = stack_config("ep8")
+    config["gpu-serving:hosts"] = json.dumps([FLEET[0], {"name": "small", "rehearsal": "fleet-c", "gpuCount": 4}])
+    rec = Recorder()
+    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack="ep8", preview=False)
+    pulumi.runtime.set_all_config(config)
+    from components.program import run
+    with pytest.raises(pulumi.RunError, match=r"host small"):
+        run()
+    assert not [t for t, _, _ in rec.resources if t.startswith(("gpu-serving:", "pulumi-python:"))]

@@ -1,0 +1,80 @@
+"""A fleet in one stack (gpu-serving:hosts): one engine run deploys, switches, checks and repairs
+every host, in parallel, with one SSH connection per host per program run. Two real rehearsal
+hosts, the real Pulumi engine."""
+from __future__ import annotations
+
+import pytest
+from pulumi import automation as auto
+
+from bench.hosts import Counter, Host
+from .conftest import make_deployment
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+UNIT = "sglang-kimi-k2.6-{}.service"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, rehearsal_host_factory):
+    a, b = rehearsal_host_factory(), rehearsal_host_factory()
+    d = make_deployment(tmp_path_factory.mktemp("fleet"), a)
+
+    def two_hosts(config):
+        # `host` stays the fleet's common hardware; the entries name the machines.
+        config["gpu-serving:hosts"] = {"value": [{"name": "gpu1", "rehearsal": a.name},
+                                                 {"name": "gpu2", "rehearsal": b.name}]}
+    d.edit_project(two_hosts)
+    d.hosts = {"gpu1": a, "gpu2": b}
+    return d
+
+
+def active(host, strategy: str) -> str:
+    return host.run(f"systemctl is-active {UNIT.format(strategy)}").stdout.strip()
+
+
+def test_up_deploys_every_host_in_one_run_and_reports_each(fleet):
+    counter = Counter([Host(h) for h in fleet.hosts.values()])
+    counter.start()
+    result = fleet.stack("tp8").up(on_output=print)
+    conns, _ = counter.stop()
+    readiness = result.outputs["readiness"].value
+    assert set(readiness) == {"gpu1", "gpu2"}
+    for name, host in fleet.hosts.items():
+        assert readiness[name]["status"] == "ready", readiness[name]
+        assert readiness[name]["layout"]["tp_size"] == 8
+        assert active(host, "tp8") == "active"
+        assert result.outputs["endpoint"].value[name] == f"http://{host.address}:30001"
+        assert result.outputs["host"].value[name]["gpu_count"] == 8
+    # Automation API's up is one program run: one connection per host, reused by every resource.
+    assert conns == 2, conns
+
+
+def test_switch_moves_every_host(fleet):
+    result = fleet.stack("ep8").up(on_output=print)
+    for name, host in fleet.hosts.items():
+        assert result.outputs["readiness"].value[name]["layout"]["ep_size"] == 8
+        assert active(host, "ep8") == "active" and active(host, "tp8") == "inactive"
+
+
+def test_hand_edit_on_one_host_is_drift_named_by_host_and_repaired_there_only(fleet):
+    gpu1, gpu2 = fleet.hosts["gpu1"], fleet.hosts["gpu2"]
+    path = "/etc/systemd/system/" + UNIT.format("ep8")
+    gpu2.run(f"sed -i 's/--ep-size 8/--ep-size 4/' {path}", check=True)
+    mtime_gpu1 = gpu1.run(f"stat -c %Y {path}").stdout
+    stack = fleet.stack("ep8")
+    lines: list[str] = []
+    with pytest.raises(auto.CommandError):
+        stack.preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    text = "\n".join(lines)
+    assert "gpu2-unit-file" in text and "gpu1-unit-file" not in text, text[-3000:]
+    stack.up(refresh=True, on_output=print)
+    assert "--ep-size 8" in gpu2.run(f"cat {path}").stdout
+    assert gpu1.run(f"stat -c %Y {path}").stdout == mtime_gpu1  # the other host was not touched
+    stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+
+
+def test_destroy_removes_the_strategy_from_every_host(fleet):
+    fleet.stack("ep8").destroy(on_output=print)
+    for host in fleet.hosts.values():
+        assert host.run("test -e /etc/systemd/system/" + UNIT.format("ep8") + " && echo yes || echo no").stdout.strip() == "no"
+    fleet.stack("tp8").destroy(on_output=print)
