@@ -8,7 +8,8 @@ declared state, so a tool cannot win by doing less):
 - drift: the tool's drift check, nothing drifted;
 - switch: tp8 serving -> the tool's apply of ep8, until /health_generate answers;
 - fleet: noop and switch on 1, 2 and 4 hosts at once (one inventory; for gpu-serving one stack
-  per host, run in parallel: the program deploys one host per stack).
+  listing the hosts in gpu-serving:hosts, or with --gpu-serving-fleet stacks one stack per host
+  run in parallel, as before fleets existed).
 
 SSH connections and sessions are counted from each host's sshd log.
 """
@@ -74,10 +75,16 @@ class Bench:
             other = plans_of(self.projects[h.name])
             if any(other[s][k] != self.plans[s][k] for s in STACKS for k in ("unit_text", "environment_text", "unit_name")):
                 raise SystemExit("the rendered units differ between hosts: the runner expects the same plan everywhere")
-        all_tools: list[Tool] = [GpuServing(self.projects), Ansible(venv, self.work, self.plans),
+        # A fleet project per fleet size: one stack listing bench0..bench<n-1>.
+        self.fleets = {} if self.args.gpu_serving_fleet == "stacks" else {
+            tuple(h.name for h in self.hosts[:n]): make_project(
+                self.work, "", self.args.program_ref, tuple(self.args.program_paths or PROGRAM),
+                fleet=[h.name for h in self.hosts[:n]])
+            for n in self.args.fleet if n > 1}
+        all_tools: list[Tool] = [GpuServing(self.projects, fleets=self.fleets), Ansible(venv, self.work, self.plans),
                                  Pyinfra(venv, self.work, self.plans), RawSsh(self.work, self.plans)]
         self.tools = [t for t in all_tools if t.name in self.args.tools]
-        self.gs_skip = GpuServing(self.projects, ("--skip-preview",)) if "gpu-serving" in self.args.tools else None
+        self.gs_skip = GpuServing(self.projects, ("--skip-preview",), self.fleets) if "gpu-serving" in self.args.tools else None
         # gpu-serving first: it installs CUDA and the venv, then every strategy unit.
         log("first deploy with gpu-serving on every host (CUDA, venv, tp8 then ep8 units)")
         gs = GpuServing(self.projects)
@@ -88,6 +95,13 @@ class Bench:
             if stack == FROM:
                 self.first_deploy = round(time.monotonic() - t0, 1)
                 log(f"first deploy of {FROM} on {len(self.hosts)} fresh host(s) in parallel: {self.first_deploy} s")
+        # The fleet stacks take over what is there (CUDA, venv and units read as present).
+        for key, project in self.fleets.items():
+            hosts = [h for h in self.hosts if h.name in key]
+            for stack in (FROM, TO):
+                self.reset_limits(hosts)
+                GpuServing(self.projects, fleets={key: project}).converge(stack, hosts)
+            log(f"fleet stack for {', '.join(key)} deployed")
         self.verify(TO, self.hosts, "gpu-serving setup")
         # Every tool converges once untimed (warm caches, and proof it leaves the same state).
         for tool in self.tools:
@@ -251,12 +265,17 @@ def parse_args(argv=None):
     p.add_argument("--program-ref", help="benchmark the program (components/, Pulumi*.yaml) as of this git commit")
     p.add_argument("--program-paths", type=lambda s: s.split(","),
                    help="with --program-ref: only these paths from the commit (default: components/, __main__.py, Pulumi*.yaml)")
+    p.add_argument("--gpu-serving-fleet", choices=("hosts", "stacks"),
+                   help="a gpu-serving fleet as one stack with gpu-serving:hosts (default) or one stack per host "
+                        "in parallel (default with --program-ref: a program from before fleets)")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. 'before optimisations')")
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 2 if args.quick else 4
     if args.fleet is None:
         args.fleet = [1, 2] if args.quick else [1, 2, 4]
+    if args.gpu_serving_fleet is None:
+        args.gpu_serving_fleet = "stacks" if args.program_ref else "hosts"
     unknown = set(args.tools) - set(stats.TOOLS) | set(args.scenarios) - set(stats.SCENARIOS)
     if unknown:
         p.error(f"unknown tool or scenario: {', '.join(sorted(unknown))}")
@@ -292,7 +311,7 @@ def main(argv=None) -> int:
         "started": started,
         "seconds": round(time.monotonic() - t0, 1),
         "machine": machine_info(env),
-        "config": {"program_ref": args.program_ref, "program_paths": args.program_paths, "repeat": args.repeat, "fleet": args.fleet, "tools": args.tools, "scenarios": args.scenarios,
+        "config": {"program_ref": args.program_ref, "program_paths": args.program_paths, "gpu_serving_fleet": args.gpu_serving_fleet, "repeat": args.repeat, "fleet": args.fleet, "tools": args.tools, "scenarios": args.scenarios,
                    "quick": args.quick, "note": args.note},
         "samples": bench.samples,
         "variants": bench.variants,

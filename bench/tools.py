@@ -78,16 +78,25 @@ class Tool:
 # ---------------------------------------------------------------------------------------------
 class GpuServing(Tool):
     """`pulumi up --stack S --yes` (Pulumi.yaml's `refresh: always`, as shipped) and `pulumi preview
-    --stack S --refresh --expect-no-changes`. The program deploys to one host per stack: a fleet
-    is one stack per host, run in parallel (each host has its own copy of the project)."""
+    --stack S --refresh --expect-no-changes`. One host: that host's stack. A fleet: one stack
+    listing every host (gpu-serving:hosts), one engine run; or, given no fleet projects (the
+    program before fleets existed), one stack per host, run in parallel."""
 
     name = "gpu-serving"
 
-    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = ()):
+    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = (),
+                 fleets: dict[tuple[str, ...], Project] | None = None):
         self.projects = projects
         self.up_args = up_args
+        self.fleets = fleets or {}
 
     def _each(self, hosts: list[Host], args: list[str], ok=(0,)) -> list[subprocess.CompletedProcess]:
+        fleet = self.fleets.get(tuple(h.name for h in hosts)) if len(hosts) > 1 else None
+        if fleet is not None:
+            r = _run(["pulumi", *args], cwd=fleet.dir, env=fleet.env, ok=(0, 255))
+            if r.returncode not in ok:
+                raise ToolFailed(f"gpu-serving on {fleet.host}: pulumi {' '.join(args)} exited {r.returncode}:\n{excerpt(r.stdout)}")
+            return [r]
         procs = [(["pulumi", *args], {"cwd": self.projects[h.name].dir, "env": self.projects[h.name].env}) for h in hosts]
         results = _parallel(procs)
         for h, r in zip(hosts, results):

@@ -85,9 +85,13 @@ def engine_env(home: Path, backend: Path) -> dict:
 PROGRAM = ("components", "__main__.py", "Pulumi.yaml", "Pulumi.tp8.yaml", "Pulumi.ep8.yaml", "Pulumi.pp8.yaml")
 
 
-def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str, ...] = PROGRAM) -> Project:
+def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str, ...] = PROGRAM,
+                 fleet: list[str] | None = None) -> Project:
     """work/<host>/project: the repository's program (the work tree's, or with `paths` as they
-    are at git commit `ref`), Pulumi.yaml pointed at rehearsal host `host`."""
+    are at git commit `ref`), Pulumi.yaml pointed at rehearsal host `host`; with `fleet`, one
+    stack for all those rehearsal hosts (gpu-serving:hosts), in work/fleet-<names>/."""
+    if fleet:
+        host = "fleet-" + "-".join(fleet)
     root = work / host
     project = root / "project"
     if project.exists():
@@ -105,10 +109,16 @@ def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str
                                  stdout=subprocess.PIPE).stdout
         subprocess.run(["tar", "-x", "-C", str(project)], input=archive, check=True)
     (project / ".venv").symlink_to(REPO / ".venv")
+    sys.path.insert(0, str(REPO))
+    from tests.pulumi_env import settings_only_stack_files
+    settings_only_stack_files(project)
     path = project / "Pulumi.yaml"
     doc = yaml.safe_load(path.read_text())
     config = doc["config"]
-    config["gpu-serving:host"]["value"]["rehearsal"] = host
+    if fleet:
+        config["gpu-serving:hosts"] = {"value": [{"name": name, "rehearsal": name} for name in fleet]}
+    else:
+        config["gpu-serving:host"]["value"]["rehearsal"] = host
     config["gpu-serving:serving"]["value"]["environment"].update(ZERO_LOAD)
     # The rehearsal host's cgroup v1 hierarchy fails a unit start now and then (219/CGROUP); the
     # runner discards such runs, and a short RestartSec keeps the time they waste short. Every

@@ -117,3 +117,14 @@ def pulumi_command(env: Mapping[str, str] | None = None):
     env = env or engine_env()
     require_engine(env)
     return auto.PulumiCommand(root=str(pulumi_root(env)))
+
+
+def settings_only_stack_files(project: Path) -> None:
+    """In a copy of the project: keep only `config` in each Pulumi.<stack>.yaml. A stack file the
+    developer's own runs salted (`encryptionsalt`) belongs to their backend and passphrase, not to
+    the copy's, whose `stack select --create` would then fail with "incorrect passphrase"."""
+    import yaml
+
+    for stack_file in Path(project).glob("Pulumi.*.yaml"):
+        doc = yaml.safe_load(stack_file.read_text()) or {}
+        stack_file.write_text(yaml.safe_dump({"config": doc.get("config") or {}}, sort_keys=False))

@@ -11,7 +11,8 @@ import pytest
 import yaml
 from pulumi import automation as auto
 
-from tests.pulumi_env import REPO, EngineMissing, engine_env, pulumi_command, require_engine
+from tests.pulumi_env import (REPO, EngineMissing, engine_env, pulumi_command, require_engine,
+                              settings_only_stack_files)
 
 VENV = REPO / ".venv"
 IGNORE = shutil.ignore_patterns(".git", ".venv", ".pulumi-state", "__pycache__", ".pytest_cache", "tests", "bench", "docs")
@@ -72,11 +73,7 @@ def make_deployment(tmp: Path, host) -> Deployment:
     project = tmp / "project"
     shutil.copytree(REPO, project, ignore=IGNORE, symlinks=True)
     (project / ".venv").symlink_to(VENV)
-    for stack_file in project.glob("Pulumi.*.yaml"):
-        # A stack file the developer's own runs salted (encryptionsalt) belongs to their backend
-        # and passphrase, not this test's: keep only the settings.
-        doc = yaml.safe_load(stack_file.read_text()) or {}
-        stack_file.write_text(yaml.safe_dump({"config": doc.get("config") or {}}, sort_keys=False))
+    settings_only_stack_files(project)
     d = Deployment(env, project, host)
 
     def point_at_test_host(config):
