@@ -141,6 +141,25 @@ def test_no_hostile_string_is_accepted_in_lists_and_maps(value):
     assert validate("tp8", {**base, "venv": {**base["venv"], "packages": [f"sglang=={value}"]}})
 
 
+@pytest.mark.parametrize("value", HOSTILE, ids=repr)
+def test_no_hostile_string_is_accepted_in_a_fleet_entry(value):
+    base = project_config()
+    for key in ("name", "address", "user", "rehearsal", "hostKey", "privateKeyPath"):
+        entry = {"name": "gpu1", "address": "10.0.0.11", key: value}
+        assert validate("tp8", {**base, "hosts": [entry]}), f"hosts[0].{key} accepted {value!r}"
+
+
+def test_validator_never_crashes_on_any_value_of_hosts():
+    base = project_config()
+    for value in [True, None, [], {}, [1], [None], [[]], {"a": 1}, -1, "", 2 ** 70, [{"name": 1}],
+                  [{"name": "a", "gpuCount": True}], [{"name": "a"}] * 65]:
+        try:
+            settings = parse_settings("tp8", {**base, "hosts": value})
+            build_plans(settings, SIBLINGS)
+        except ConfigError:
+            pass
+
+
 def test_validator_never_crashes_on_any_type():
     """Every setting given every kind of wrong value: a ConfigError, never another exception."""
     values = [True, None, [], {}, [1], {"a": 1}, -1, 0, 1e309, float("nan"), "", 2 ** 70]
