@@ -9,12 +9,22 @@
 //
 //   - Run: starts `<python> -u pulumi-language-python-exec …` (the runner script shipped in the
 //     sdk/v3 module, installed beside this binary) with the engine/monitor addresses, stack,
-//     project and config, and maps its exit status to the engine's RunResponse.
+//     project and config, and maps its exit status to the engine's RunResponse. The script is run
+//     through gpu-serving-pyrun.py (also beside this binary), which runs it exactly as `python
+//     SCRIPT` would and then skips the interpreter's teardown of every loaded module (~40-110 ms
+//     per run; see that file). GPU_SERVING_PYTHON_FULL_EXIT=1 runs the script directly.
 //   - GetRequiredPackages / GetRequiredPlugins: every `pulumi-plugin.json` with "resource": true
 //     found in the program's Python environment (so missing provider plugins are reported before
 //     the program runs).
 //   - GetPluginInfo, About, GetProgramDependencies, InstallDependencies (venv + pip install -r
 //     requirements.txt), RuntimeOptionsPrompts, Handshake, Cancel.
+//
+// Start-up cost: the engine calls About (in a host of its own) and GetRequiredPackages before
+// every run. Both used to start Python; now About's version comes from a per-interpreter cache
+// (pyversion.go) and the package questions are answered by reading the virtualenv's files in Go
+// (pyscan.go), falling back to the Python scripts below whenever the Go scan does not model the
+// environment exactly. GPU_SERVING_LANGHOST_SCAN=python forces the scripts, =go forbids the
+// fallback (an error naming what is not modelled); tests use both to compare the two answers.
 //
 // Supported runtime options (Pulumi.yaml `runtime.options`): `virtualenv` (a path, relative to the
 // project root) and `toolchain: pip` (the default). uv and poetry toolchains are not supported.
@@ -57,6 +67,9 @@ const bailExitCode = 32
 // execScriptName is the runner script that must sit beside this binary.
 const execScriptName = "pulumi-language-python-exec"
 
+// runnerName is gpu-serving's fast-exit runner, beside this binary (optional).
+const runnerName = "gpu-serving-pyrun.py"
+
 // pluginScanScript prints, as JSON, the resource plugins declared by the packages installed in
 // the interpreter's environment (each `pulumi-plugin.json` whose "resource" is true).
 const pluginScanScript = `
@@ -83,10 +96,47 @@ print(json.dumps(found))
 `
 
 // distListScript prints the installed distributions as JSON [{name, version}].
+// Both scripts are run as `<python> -c SCRIPT` in the program directory; pyscan.go reproduces
+// exactly that (sys.path[0] is the working directory).
 const distListScript = `
 import json, importlib.metadata as md
 print(json.dumps(sorted(({"name": d.metadata["Name"], "version": d.version} for d in md.distributions()), key=lambda d: d["name"].lower())))
 `
+
+// scanMode is GPU_SERVING_LANGHOST_SCAN: "" or "auto" (Go, falling back to Python), "go" (Go
+// only: what it does not model is an error), "python" (the scripts only, as before the Go scan).
+func scanMode() string {
+	switch m := os.Getenv("GPU_SERVING_LANGHOST_SCAN"); m {
+	case "go", "python":
+		return m
+	default:
+		return "auto"
+	}
+}
+
+// goScan runs a Go scan of the program's virtualenv. used=false: answer with the Python script.
+func goScan[T any](py pythonEnv, dir string, scan func(*pyLayout) (T, error)) (result T, used bool, err error) {
+	mode := scanMode()
+	if mode == "python" {
+		return result, false, nil
+	}
+	cwd, err := filepath.Abs(dir)
+	if err == nil {
+		var layout *pyLayout
+		if layout, err = venvSysPath(py.virtualenv, cwd); err == nil {
+			result, err = scan(layout)
+		}
+	}
+	var unsup *unsupportedError
+	switch {
+	case err == nil:
+		return result, true, nil
+	case errors.As(err, &unsup) && mode == "auto":
+		return result, false, nil
+	default:
+		return result, true, err
+	}
+}
 
 type host struct {
 	pulumirpc.UnimplementedLanguageRuntimeServer
@@ -297,13 +347,19 @@ func declaredPlugins(ctx context.Context, info *pulumirpc.ProgramInfo, pwd strin
 	if err != nil {
 		return nil, err
 	}
-	out, err := py.runScript(ctx, programDir(info, pwd), pluginScanScript)
+	dir := programDir(info, pwd)
+	found, used, err := goScan(py, dir, scanPlugins)
 	if err != nil {
 		return nil, fmt.Errorf("listing the program's resource plugins: %w", err)
 	}
-	var found []declaredPlugin
-	if err := json.Unmarshal(out, &found); err != nil {
-		return nil, fmt.Errorf("listing the program's resource plugins: bad output %q: %w", out, err)
+	if !used {
+		out, err := py.runScript(ctx, dir, pluginScanScript)
+		if err != nil {
+			return nil, fmt.Errorf("listing the program's resource plugins: %w", err)
+		}
+		if err := json.Unmarshal(out, &found); err != nil {
+			return nil, fmt.Errorf("listing the program's resource plugins: bad output %q: %w", out, err)
+		}
 	}
 	seen := map[string]bool{}
 	unique := found[:0]
@@ -393,7 +449,14 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 	engine := h.engineAddress
 	h.mu.Unlock()
 
-	args := []string{"-u", h.execScript,
+	args := []string{"-u"}
+	// The exec script as `python -u SCRIPT …` runs it, ending without the interpreter's teardown
+	// (gpu-serving-pyrun.py); run directly when the runner is missing or not wanted.
+	if runner := filepath.Join(filepath.Dir(h.execScript), runnerName); os.Getenv("GPU_SERVING_PYTHON_FULL_EXIT") == "" &&
+		fileExists(runner) {
+		args = append(args, runner, "--script")
+	}
+	args = append(args, h.execScript,
 		"--monitor", req.GetMonitorAddress(),
 		"--engine", engine,
 		"--project", req.GetProject(),
@@ -401,7 +464,7 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 		"--pwd", pwd,
 		"--dry_run", strconv.FormatBool(req.GetDryRun()),
 		"--parallel", strconv.Itoa(int(req.GetParallel())),
-	}
+	)
 	if org := req.GetOrganization(); org != "" {
 		args = append(args, "--organization", org)
 	}
@@ -462,7 +525,8 @@ func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumir
 	if err != nil {
 		return nil, err
 	}
-	out, err := py.runScript(ctx, programDir(req.GetInfo(), ""), "import platform; print(platform.python_version())")
+	dir := programDir(req.GetInfo(), "")
+	version, err := py.version(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
@@ -470,9 +534,18 @@ func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumir
 	if py.virtualenv != "" {
 		meta["virtualenv"] = py.virtualenv
 	}
+	// Whether GetRequiredPackages is answered in Go or by Python, and why (`pulumi about`).
+	meta["packageScan"] = "go"
+	if mode := scanMode(); mode == "python" {
+		meta["packageScan"] = "python (GPU_SERVING_LANGHOST_SCAN=python)"
+	} else if cwd, err := filepath.Abs(dir); err != nil {
+		meta["packageScan"] = "python: " + err.Error()
+	} else if _, err := venvSysPath(py.virtualenv, cwd); err != nil {
+		meta["packageScan"] = "python: " + err.Error()
+	}
 	return &pulumirpc.AboutResponse{
 		Executable: py.python,
-		Version:    strings.TrimSpace(string(out)),
+		Version:    version,
 		Metadata:   meta,
 	}, nil
 }
@@ -483,13 +556,19 @@ func (h *host) GetProgramDependencies(ctx context.Context, req *pulumirpc.GetPro
 	if err != nil {
 		return nil, err
 	}
-	out, err := py.runScript(ctx, programDir(req.GetInfo(), req.GetPwd()), distListScript)
+	dir := programDir(req.GetInfo(), req.GetPwd())
+	dists, used, err := goScan(py, dir, scanDists)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("listing installed packages: %w", err)
 	}
-	var dists []struct{ Name, Version string }
-	if err := json.Unmarshal(out, &dists); err != nil {
-		return nil, fmt.Errorf("listing installed packages: bad output %q: %w", out, err)
+	if !used {
+		out, err := py.runScript(ctx, dir, distListScript)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(out, &dists); err != nil {
+			return nil, fmt.Errorf("listing installed packages: bad output %q: %w", out, err)
+		}
 	}
 	resp := &pulumirpc.GetProgramDependenciesResponse{}
 	for _, d := range dists {

@@ -1,0 +1,108 @@
+# gpu-serving-pyrun.py: run a Python program exactly as the interpreter would, then skip the
+# interpreter's final teardown. Installed beside pulumi-language-python by scripts/bootstrap-pulumi.
+#
+#   python -u gpu-serving-pyrun.py --script PATH [ARGS...]   behaves as   python -u PATH [ARGS...]
+#   python -u gpu-serving-pyrun.py --module NAME [ARGS...]   behaves as   python -u -m NAME [ARGS...]
+#
+# Used by our language host for the program (PATH = pulumi-language-python-exec) and by the
+# dynamic-provider launcher (NAME = pulumi.dynamic).
+#
+# Why: once a Pulumi program (or a dynamic provider, after the engine's SIGINT) is done, CPython's
+# finalisation still deallocates every module and object it loaded: 40-110 ms with the Pulumi
+# SDK, grpc, pydantic and paramiko in memory, on every `pulumi up`/`preview`, twice (program and
+# provider), and the engine waits for it. This runner does the parts of Py_FinalizeEx a program
+# can observe, in the same order: join non-daemon threads and run threading's exit hooks
+# (threading._shutdown), run the atexit handlers (paramiko closes its transports, OpenTelemetry
+# flushes its spans, logging shuts down), flush every file object still open (a program's
+# unclosed file keeps its buffered data, as the teardown would have flushed it), then os._exit
+# with the same status. What is skipped: destructors (__del__) of objects still alive at exit.
+#
+# The argv, sys.path[0] and the __main__ module the program sees are those of a plain run.
+# Anything unusual (an uncaught exception, a SystemExit code that is not a small int) goes
+# through the interpreter's ordinary exit. GPU_SERVING_PYTHON_FULL_EXIT=1 makes the language host
+# and the launcher not use this runner at all.
+
+
+def _gs_pyrun(argv):
+    import os
+    import sys
+
+    exit_status, finish = _gs_exit_status, _gs_finish
+    main_globals = sys.modules["__main__"].__dict__
+    # The program runs in __main__'s namespace, as it would: leave none of ours there.
+    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish"):
+        main_globals.pop(name, None)
+
+    if len(argv) < 3 or argv[1] not in ("--script", "--module"):
+        sys.stderr.write("usage: gpu-serving-pyrun.py --script PATH [ARGS...] | --module NAME [ARGS...]\n")
+        raise SystemExit(2)
+    mode, target, args = argv[1], argv[2], argv[3:]
+    try:
+        if mode == "--script":
+            from importlib.machinery import SourceFileLoader
+
+            # `python PATH`: argv[0] is PATH as given, sys.path[0] the directory of its real path.
+            sys.argv[:] = [target, *args]
+            sys.path[0] = os.path.dirname(os.path.realpath(target))
+            with open(target, "rb") as f:  # bytes: compile() honours a coding cookie, as a plain run does
+                source = f.read()
+            code = compile(source, target, "exec", dont_inherit=True)
+            del source
+            main_globals.update(__file__=target, __cached__=None,
+                                __loader__=SourceFileLoader("__main__", target))
+            exec(code, main_globals)
+        else:
+            import runpy
+
+            # `python -m NAME`: sys.path[0] is the working directory; runpy sets argv[0] and runs
+            # the module in the real __main__, exactly as -m does.
+            sys.argv[:] = ["-m", *args]
+            sys.path[0] = os.getcwd()
+            runpy._run_module_as_main(target)
+    except SystemExit as e:
+        status = exit_status(e.code)
+        if status is None:
+            raise  # let the interpreter report it as it always does
+    else:
+        status = 0
+    finish(status)
+
+
+def _gs_exit_status(code):
+    """The process exit status the interpreter would use for SystemExit(code), when simple."""
+    if code is None:
+        return 0
+    if isinstance(code, int) and not isinstance(code, bool) and 0 <= code <= 255:
+        return code
+    return None
+
+
+def _gs_finish(status):
+    import atexit
+    import gc
+    import os
+    import sys
+    import threading
+
+    import _io
+
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():
+        # _io._IOBase (not the io.IOBase ABC, whose isinstance check is ~4x slower): every built-in
+        # and user-defined file object derives from it.
+        if isinstance(obj, _io._IOBase):
+            try:
+                if not obj.closed:
+                    obj.flush()
+            except Exception:
+                pass
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(status)
+
+
+_gs_pyrun(__import__("sys").argv)
