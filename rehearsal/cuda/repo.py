@@ -245,6 +245,19 @@ def _info(root: Path, stamp: dict) -> RepoInfo:
                     fingerprint=stamp["fingerprint"])
 
 
+# Debian's names for the common machines: every `pulumi up` on a rehearsal stack builds (or
+# finds) the repository, and asking dpkg costs a process each time.
+_DEBIAN_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+
+
+def _debian_arch() -> str:
+    import platform
+    known = _DEBIAN_ARCH.get(platform.machine())
+    if known:
+        return known
+    return _run(["dpkg", "--print-architecture"]).decode().strip() if shutil.which("dpkg") else "amd64"
+
+
 def build_repo(version: str = "13.0", *, force: bool = False) -> RepoInfo:
     """Build (or reuse from the cache) the signed stand-in repository for CUDA `version`."""
     if not VERSION_RE.match(version):
@@ -252,7 +265,7 @@ def build_repo(version: str = "13.0", *, force: bool = False) -> RepoInfo:
     if not NVCC_STANDIN.is_file():
         raise RepoBuildError(f"the stand-in nvcc is missing: {NVCC_STANDIN}")
     root = repo_root(version)
-    arch = _run(["dpkg", "--print-architecture"]).decode().strip() if shutil.which("dpkg") else "amd64"
+    arch = _debian_arch()
     digest = _inputs_digest(version, arch)
     with _locked(root):
         stamp_path = root / "build.json"
