@@ -19,6 +19,8 @@ class GpuHostArgs:
     settings: StackSettings
     # gpu-serving:sshPrivateKey (a Pulumi secret), when the key is not a file.
     private_key: Optional[pulumi.Output[str]] = None
+    # The reads the later resources make on refresh (components/prefetch.py), started ahead.
+    prefetch: Optional[list] = None
 
 
 def rehearsal_info(name: str) -> Optional[dict]:
@@ -76,6 +78,7 @@ class GpuHost(pulumi.ComponentResource):
             "cudaHome": s.cuda.home,
             "expect": {"gpuCount": s.host.gpu_count, "gpuMemoryGb": s.host.gpu_memory_gb,
                        "interconnect": s.host.interconnect, "neededGpus": needed_gpus},
+            "prefetch": args.prefetch,
         }, pulumi.ResourceOptions(parent=self))
         self.facts = self.facts_resource.facts
         self.register_outputs({"facts": self.facts})

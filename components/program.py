@@ -13,6 +13,7 @@ from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
 from .plan import ServingPlan, build_plans, stack_names
+from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
 
@@ -29,7 +30,8 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
     fleet entry's name, which prefixes every resource of that host."""
     settings: StackSettings = plan.settings
     prefix = f"{name}-" if name else ""
-    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key), needed_gpus=plan.world_size)
+    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(settings, plan)),
+                   needed_gpus=plan.world_size)
     after_host = pulumi.ResourceOptions(depends_on=[host])
     # Shared by every strategy stack of the host; a stack's destroy leaves them in place.
     installs = [CudaToolkit(f"{prefix}cuda", host, settings, after_host),

@@ -23,11 +23,11 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 
 from .. import cuda as C
 from .. import venv as V
-from . import ssh
+from . import reads, ssh
+from .reads import PROBE_TIMEOUT
 
 INSTALL_LOCK = "/run/lock/gpu-serving-install.lock"
 LOCK_WAIT = 1800  # seconds to wait for another stack's install on the same host
-PROBE_TIMEOUT = 120
 
 
 def _progress(message: str) -> None:
@@ -62,7 +62,7 @@ def parse_sha256sum(text: str) -> dict[str, str]:
 
 def remote_digests(t: ssh.Target, directory: str) -> dict[str, str]:
     res = ssh.run(t, ["find", directory, "-maxdepth", "1", "-type", "f", "-exec", "sha256sum", "{}", "+"],
-                  purpose=f"listing {directory}", timeout=PROBE_TIMEOUT, check=False)
+                  purpose=f"listing {directory}", timeout=PROBE_TIMEOUT, check=False, read=True)
     return parse_sha256sum(res.stdout) if res.rc == 0 else {}
 
 
@@ -92,11 +92,13 @@ class CudaToolkitProvider(ResourceProvider):
 
     DIFFED = ["version", "home", "install", "aptPackage", "aptRepository", "keyringSha256", "connection"]
 
+    @staticmethod
+    def read_requests(props: dict) -> list[dict]:
+        return reads.cuda_toolkit(props)
+
     def _probe(self, t: ssh.Target, props: dict) -> C.CudaObserved:
-        package = props["aptPackage"].split("=", 1)[0]
-        res = ssh.run(t, ["sh", "-c", C.PROBE_SCRIPT, "sh", props["home"], package],
-                      purpose="checking the CUDA toolkit", timeout=PROBE_TIMEOUT, check=False)
-        return C.parse_cuda_probe(res.stdout)
+        request, = self.read_requests(props)
+        return C.parse_cuda_probe(ssh.fetch(t, request).stdout)
 
     def _source(self, props: dict, observed: C.CudaObserved) -> C.AptSource:
         repo = props.get("aptRepository")
@@ -223,15 +225,18 @@ class PythonVenvProvider(ResourceProvider):
 
     DIFFED = ["path", "python", "packages", "connection"]
 
-    def _probe(self, t: ssh.Target, path: str) -> V.VenvObserved:
-        res = ssh.run(t, ["sh", "-c", V.PROBE_SCRIPT, "sh", path], purpose=f"checking the venv {path}",
-                      timeout=PROBE_TIMEOUT, check=False)
-        return V.parse_venv_probe(res.stdout)
+    @staticmethod
+    def read_requests(props: dict) -> list[dict]:
+        return reads.python_venv(props)
+
+    def _probe(self, t: ssh.Target, props: dict) -> V.VenvObserved:
+        request, = self.read_requests(props)
+        return V.parse_venv_probe(ssh.fetch(t, request).stdout)
 
     def _host_python(self, t: ssh.Target, python: str) -> str:
         exe = f"python{python}"
         res = ssh.run(t, ["sh", "-c", 'command -v "$1" || { echo "@@missing"; python3 --version 2>&1; }', "sh", exe],
-                      purpose=f"looking for {exe}", timeout=PROBE_TIMEOUT, check=False)
+                      purpose=f"looking for {exe}", timeout=PROBE_TIMEOUT, check=False, read=True)
         if "@@missing" in res.stdout or res.rc != 0:
             have = res.stdout.replace("@@missing", "").strip() or "no python3"
             raise ssh.RemoteError(f"{exe} is not installed on {t.label} (gpu-serving:venv.python is {python}; the host has {have}): "
@@ -244,7 +249,7 @@ class PythonVenvProvider(ResourceProvider):
     def _converge(self, props: dict) -> dict:
         t = _target(props)
         path, python = props["path"], props["python"]
-        observed = self._probe(t, path)
+        observed = self._probe(t, props)
         refuse = V.venv_plan(python=python, packages=props["packages"], observed=observed, rebuilt_wheels=[]).refuse
         if refuse:
             raise ssh.RemoteError(f"{t.label}: {refuse}")
@@ -284,7 +289,7 @@ class PythonVenvProvider(ResourceProvider):
             _progress(f"venv: reinstalling {', '.join(plan.force_reinstall)} from the changed wheel(s)")
             ssh.run(t, _locked([*pip, "--force-reinstall", "--no-deps", *plan.force_reinstall]),
                     purpose=f"pip reinstall into {path}", timeout=timeout)
-        observed = self._probe(t, path)
+        observed = self._probe(t, props)
         left = V.venv_plan(python=python, packages=props["packages"], observed=observed, rebuilt_wheels=[])
         if left.create or left.install:
             raise ssh.RemoteError(f"{t.label}: after pip install the venv {path} still differs: {left.reason}")
@@ -299,7 +304,7 @@ class PythonVenvProvider(ResourceProvider):
     def read(self, id, props):
         """The venv as it is: python version and the declared packages' installed versions."""
         declared = props.get("declaredPackages") or props["packages"]
-        observed = self._probe(_target(props), props["path"])
+        observed = self._probe(_target(props), props)
         outs = {**props, **V.observed_view(declared, observed)}
         inputs = {k: v for k, v in outs.items() if k not in V.OUTPUT_KEYS}
         return ReadResult(id_=id, outs=outs, inputs=inputs)

@@ -8,52 +8,9 @@ from typing import Any, Callable, Optional
 
 from .. import readiness as R
 from ..facts import parse_systemctl_show, split_sections
-from . import ssh
-
-UNIT_PROPS = ["ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus"]
-
-# $1 unit, $2 probe address, $3 port, $4 generation timeout, $5 start time (epoch seconds; "-": do
-# not read the journal, e.g. on refresh, where a busy server's day of logs would be scanned)
-POLL_SCRIPT = r"""
-systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$1"
-echo @@health
-code=$(curl -s -o /dev/null -w '%{http_code}' --max-time "$4" "http://$2:$3/health_generate"); echo "$code $?"
-echo @@ready
-if [ "$5" = - ]; then echo 0; else
-journalctl -u "$1" --since "@$5" -q --no-pager -o cat 2>/dev/null | grep -c 'The server is fired up and ready to roll' || true
-fi
-"""
-
-# $1 probe address, $2 port
-INFO_SCRIPT = r"""
-echo @@server_info
-curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/server_info"
-echo; echo @@get_server_info
-curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/get_server_info"
-echo; echo @@models
-curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/v1/models"
-echo
-"""
-
-
-# A poll that waits on the host: for up to $6 seconds it asks /health_generate every 0.2 s (each
-# ask bounded by 2 s; the report's own ask below has the whole generation timeout) and stops
-# as soon as the server generates or the unit is no longer running, then reports like
-# POLL_SCRIPT (the unit's state, the health, the ready line) and, when it generates, what it runs
-# (INFO_SCRIPT): the moment the server is ready is seen within 0.2 s, not a poll interval later,
-# over one round trip per interval. $1..$5 as POLL_SCRIPT.
-SNAPSHOT_SCRIPT = r"""
-end=$(awk -v w="$6" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", now + w }')
-while awk -v end="$end" -v now="$(date +%s.%N)" 'BEGIN { exit !(now < end) }'; do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$2:$3/health_generate")" = 200 ] && break
-  case "$(systemctl show -p ActiveState --value -- "$1")" in active|activating|reloading) ;; *) break ;; esac
-  sleep 0.2
-done
-""" + POLL_SCRIPT + r"""
-if [ "$code" = 200 ]; then set -- "$2" "$3"
-""" + INFO_SCRIPT + r"""
-fi
-"""
+from . import reads, ssh
+# The read-only scripts live with the read requests (reads.py, pure); named here too.
+from .reads import INFO_SCRIPT, POLL_SCRIPT, SNAPSHOT_SCRIPT, UNIT_PROPS, probe_address  # noqa: F401
 
 # $1 verb (start | restart), $2.. units: the host's clock (the journal is read from then on), the
 # crash-loop counter reset (a deliberate start is not a crash loop: StartLimitBurst would otherwise
@@ -70,13 +27,9 @@ systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p E
 """
 
 
-def probe_address(bind: str) -> str:
-    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
-
-
 def unit_state(t: ssh.Target, unit: str) -> R.UnitState:
     out = ssh.run(t, ["systemctl", "show", *sum((["-p", p] for p in UNIT_PROPS), []), "--", unit],
-                  purpose=f"reading the state of {unit}", timeout=30)
+                  purpose=f"reading the state of {unit}", timeout=30, read=True)
     return R.UnitState.from_show(next(iter(parse_systemctl_show(out.stdout).values()), {}))
 
 
@@ -97,7 +50,7 @@ def _observation(out: str, elapsed: float) -> R.Observation:
 
 def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: int, elapsed: float) -> R.Observation:
     out = ssh.run(t, ["sh", "-c", POLL_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)), str(since)],
-                  purpose=f"probing {unit}", timeout=gen_timeout + 30, check=False)
+                  purpose=f"probing {unit}", timeout=gen_timeout + 30, check=False, read=True)
     return _observation(out.stdout, elapsed)
 
 
@@ -107,11 +60,14 @@ def snapshot(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: flo
     `wait`: seconds the host may wait for the server to generate (or the unit to stop) first;
     `elapsed` is the caller's clock when it sent the poll."""
     t0 = time.monotonic()
-    out = ssh.run(t, ["sh", "-c", SNAPSHOT_SCRIPT, "sh", unit, address, str(port), str(int(gen_timeout)),
-                      "-" if since is None else str(since), f"{max(0.0, wait):.1f}"],
-                  purpose=f"probing {unit}", timeout=gen_timeout + wait + 60, check=False)
-    obs = _observation(out.stdout, elapsed + (time.monotonic() - t0 if wait else 0.0))
-    return obs, (_info(out.stdout) if obs.health == 200 else None)
+    out = ssh.fetch(t, reads.snapshot(unit, address, port, gen_timeout, since, wait))
+    return read_snapshot(out.stdout, elapsed + (time.monotonic() - t0 if wait else 0.0))
+
+
+def read_snapshot(stdout: str, elapsed: float) -> tuple[R.Observation, Optional[tuple[str, dict, dict]]]:
+    """What a snapshot printed: the observation, and what the server runs when it generates."""
+    obs = _observation(stdout, elapsed)
+    return obs, (_info(stdout) if obs.health == 200 else None)
 
 
 def start(t: ssh.Target, unit: str, verb: str = "start") -> tuple[int, R.UnitState]:
@@ -155,13 +111,13 @@ def _info(out: str) -> tuple[str, dict, dict]:
 
 def server_info(t: ssh.Target, address: str, port: int) -> tuple[str, dict, dict]:
     """(probe used, server info, /v1/models) — /server_info, else the deprecated /get_server_info."""
-    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info", timeout=60, check=False)
+    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info", timeout=60, check=False, read=True)
     return _info(out.stdout)
 
 
 def journal_tail(t: ssh.Target, unit: str, since: int, lines: int = 50, secrets=()) -> str:
     out = ssh.run(t, ["journalctl", "-u", unit, "--since", f"@{since}", "-n", str(lines), "--no-pager", "-o", "short-iso"],
-                  purpose=f"reading the journal of {unit}", timeout=30, check=False)
+                  purpose=f"reading the journal of {unit}", timeout=30, check=False, read=True)
     return ssh.redact(out.stdout.strip(), secrets)
 
 

@@ -5,19 +5,25 @@ shared environment file, the service's state and readiness are dynamic resources
 `read` asks the host what is really there, and each `diff` compares that with the declaration,
 naming the fields that differ. The providers hold no state of their own (the engine pickles
 them into the stack): every call builds its SSH target from the props.
+
+Each read is built by reads.py from the props (`read_requests`) and run by `ssh.fetch`. The
+host-facts resource, the first remote work of a run, starts the reads of the later resources
+(its `prefetch` prop, from components/prefetch.py) on the connection it opens, so a refresh does
+not wait for them one resource after the other (readcache.py: what may be served, and when not).
 """
 from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 import time
 from typing import Any, Optional
 
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import readiness as R
-from ..facts import FACTS_SCRIPT, HostFacts, check_facts, parse_facts, parse_systemctl_show
-from . import probe, ssh
+from ..facts import HostFacts, check_facts, parse_facts, parse_systemctl_show
+from . import probe, reads, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
 
@@ -82,15 +88,65 @@ def _require_target(props: dict) -> ssh.Target:
     return ssh.Target.from_props(props)
 
 
+def _warm_imports() -> None:
+    """While the prefetched reads travel, import what a later step of the refresh needs (the
+    environment file's check imports the settings module, ~0.1 s of pydantic) off the chain."""
+    def load():
+        try:
+            from .. import config  # noqa: F401
+        except Exception:  # noqa: BLE001 - the step that needs it imports it again, and says why
+            pass
+    threading.Thread(target=load, name="gpu-serving-warm-imports", daemon=True).start()
+
+
 # ---------------------------------------------------------------------------------------
 class HostFactsProvider(ResourceProvider):
     """Reads GPUs, driver, CUDA, interconnect and OS in one round trip, and refuses a host that
-    cannot run the declared strategy (before any unit is written: units depend on this)."""
+    cannot run the declared strategy (before any unit is written: units depend on this).
 
-    def _read(self, props: dict) -> dict:
+    props: connection, cudaHome, expect, prefetch (reads.py specs of the reads the later
+    resources make: started at once on the connection this resource opens; never a change).
+    """
+
+    @staticmethod
+    def read_requests(props: dict) -> list[dict]:
+        return reads.host_facts(props)
+
+    def _read(self, props: dict, prefetch=None) -> dict:
         t = _require_target(props)
-        out = ssh.run(t, ["sh", "-c", FACTS_SCRIPT, "sh", props["cudaHome"]], purpose="reading host facts", timeout=60, check=False)
+        request, = self.read_requests(props)
+        later = reads.expand(prefetch) if prefetch else []
+        if later:
+            ssh.client(t)  # the connection every read of this run shares, opened here
+            if ssh.prefetch(t, later):
+                _warm_imports()
+        out = ssh.fetch_first(t, request)
         return parse_facts(out.stdout).as_dict()
+
+    @staticmethod
+    def _prefetch_after_read(news: dict) -> None:
+        """Under `PULUMI_RUN_PROGRAM` refresh the engine reads this resource with its stored
+        state (the list of the last create/update: a changed list is never a change), then
+        checks this run's inputs; the later resources' reads follow that check. So the check
+        starts this run's list too (what the read started already is not read again; after
+        changed settings the stored list may name reads nobody makes: one unused session),
+        on the connection the read just opened, when it directly follows that read
+        (ssh.prefetch_window_open); otherwise (a preview or an `up` without refresh) it does
+        nothing, and never connects."""
+        try:
+            specs = news.get("prefetch")
+            connection = news.get("connection")
+            if not specs or not isinstance(connection, dict) or connection.get("unavailable"):
+                return
+            t = ssh.Target.from_props(news)
+            if ssh.prefetch_window_open(t) and ssh.prefetch(t, reads.expand(specs)):
+                _warm_imports()
+        except Exception:  # noqa: BLE001 - a prefetch is never a reason to fail a check
+            pass
+
+    def check(self, _olds, news):
+        self._prefetch_after_read(news)
+        return CheckResult(news, [])
 
     def _check(self, props: dict, facts_dict: dict) -> list[str]:
         facts = HostFacts.from_dict(facts_dict)
@@ -99,7 +155,7 @@ class HostFactsProvider(ResourceProvider):
                            interconnect=e["interconnect"], needed_gpus=int(e["neededGpus"]))
 
     def _apply(self, props: dict) -> dict:
-        facts = self._read(props)
+        facts = self._read(props, props.get("prefetch"))
         problems = self._check(props, facts)
         if problems:
             raise DeployError("the host does not match gpu-serving:host, nothing was changed:\n  - " + "\n  - ".join(problems))
@@ -113,10 +169,12 @@ class HostFactsProvider(ResourceProvider):
         return UpdateResult(outs=self._apply(news))
 
     def read(self, id, props):
-        facts = self._read(props)
+        # The stored list: in a no-op, exactly this run's; `check` adds what changed since.
+        facts = self._read(props, props.get("prefetch"))
         return ReadResult(id_=id, outs={**props, "facts": facts})
 
     def diff(self, id, olds, news):
+        # Not `prefetch`: which reads are started ahead is never a change of the host.
         changed = _changed(olds, news, ["connection", "cudaHome", "expect"])
         if olds.get("facts") and self._check(news, olds["facts"]):
             changed.append("facts")
@@ -138,6 +196,8 @@ class RemoteFileProvider(ResourceProvider):
     @staticmethod
     def _bad_secrets(props: dict) -> list[str]:
         """Secret values that would end or extend their KEY="value" line (never the values)."""
+        if not props.get("secretEnvironment"):
+            return []  # no import at all: a refresh waits for the first file's check
         from ..config import SECRET_FORBIDDEN  # here: pydantic would slow every provider start
         return [key for key, value in sorted((props.get("secretEnvironment") or {}).items())
                 if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
@@ -176,9 +236,14 @@ class RemoteFileProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._write(news))
 
+    @staticmethod
+    def read_requests(props: dict) -> list[dict]:
+        return reads.remote_file(props)
+
     def read(self, id, props):
         t = _require_target(props)
-        data = ssh.read_file(t, props["path"])
+        content_request, mode_request = self.read_requests(props)
+        data = ssh.fetch(t, content_request)
         if data is None:
             return ReadResult(id_=None, outs={})  # gone: the engine plans to create it again
         text = data.decode(errors="replace")
@@ -188,7 +253,7 @@ class RemoteFileProvider(ResourceProvider):
         else:
             # The secret part was edited: keep the plain view and never store secret values.
             text = ssh.redact(text, _secrets(props))
-        mode = ssh.stat_mode(t, props["path"])
+        mode = ssh.fetch(t, mode_request)
         state = {**props, "content": text, "mode": f"{mode:04o}" if mode is not None else props.get("mode"),
                  "sha256": hashlib.sha256(data).hexdigest()}
         if secret_lines and not data.decode(errors="replace").endswith(secret_lines):
@@ -219,21 +284,28 @@ class ServiceProvider(ResourceProvider):
     (deadlines), enabled, active.
     """
 
+    @staticmethod
+    def read_requests(props: dict) -> list[dict]:
+        return reads.service(props)
+
     def _show(self, t: ssh.Target, units: list[str]) -> dict[str, dict[str, str]]:
-        out = ssh.run(t, ["systemctl", "show", "-p", "Id", "-p", "ActiveState", "-p", "UnitFileState", "-p", "LoadState",
-                          "-p", "NeedDaemonReload", "-p", "MainPID", "-p", "NRestarts", "-p", "SubState", "-p", "Result",
-                          "-p", "ExecMainStatus", "--", *units], purpose="reading unit states", timeout=30)
-        shown = parse_systemctl_show(out.stdout)
+        return self._states(ssh.fetch(t, reads.unit_states(units)).stdout, units)
+
+    @staticmethod
+    def _states(stdout: str, units: list[str]) -> dict[str, dict[str, str]]:
+        shown = parse_systemctl_show(stdout)
         # systemctl show prints blocks in argument order; Id may be empty for unknown units.
         blocks = list(shown.values())
         return {u: (shown.get(u) or (blocks[i] if i < len(blocks) else {})) for i, u in enumerate(units)}
 
     def _foreign_listener(self, t: ssh.Target, port: int, ours: list[str]) -> Optional[str]:
         """A process that holds the serving port and is not one of our strategy units."""
-        out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30, check=False)
+        out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30,
+                      check=False, read=True)
         import re
         for pid in sorted(set(re.findall(r"pid=(\d+)", out.stdout))):
-            cg = ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30, check=False).stdout
+            cg = ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30, check=False,
+                         read=True).stdout
             if not any(u in cg for u in ours):
                 name = re.search(r'users:\(\("([^"]+)"', out.stdout)
                 return f"pid {pid} ({name.group(1) if name else 'unknown'})"
@@ -316,6 +388,7 @@ class ServiceProvider(ResourceProvider):
         """Host-wide switch lock: `flock` held by a remote process for as long as our channel is
         open; a dropped connection ends it, so a crashed run never leaves the host locked."""
         wait = int(float((props.get("readiness") or {}).get("lockWaitSeconds", 900)))
+        ssh.note_change(t)  # a switch begins: nothing read before it is served after it
         transport = ssh.client(t).get_transport()
         chan = transport.open_session(timeout=max(t.connect_timeout, 10.0))
         chan.exec_command(f"flock -w {wait} {LOCK_PATH} sh -c 'echo locked; cat >/dev/null'")
@@ -362,7 +435,8 @@ class ServiceProvider(ResourceProvider):
 
     def read(self, id, props):
         t = _require_target(props)
-        state = self._show(t, [props["unit"]])[props["unit"]]
+        request, = self.read_requests(props)
+        state = self._states(ssh.fetch(t, request).stdout, [props["unit"]])[props["unit"]]
         if state.get("LoadState") == "not-found":
             return ReadResult(id_=None, outs={})
         live = {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
@@ -393,11 +467,16 @@ class ReadinessProvider(ResourceProvider):
         report = props.get("report") or self._probe(props)
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:readiness", outs={**props, **report})
 
+    @staticmethod
+    def read_requests(props: dict) -> list[dict]:
+        return reads.readiness(props)
+
     def _probe(self, props) -> dict:
         t = _require_target(props)
-        addr = probe.probe_address(props["bind"])
+        addr = reads.probe_address(props["bind"])
         # One round trip: the unit's state, the health and, when it generates, what it runs.
-        obs, info_read = probe.snapshot(t, props["unit"], addr, int(props["port"]), 60, None, 0)
+        request, = self.read_requests(props)
+        obs, info_read = probe.read_snapshot(ssh.fetch(t, request).stdout, 0.0)
         state = obs.unit
         report = R.Report(status=R.READY, unit=props["unit"], url=f"http://{addr}:{int(props['port'])}",
                           checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -9,9 +9,15 @@ Nothing waits for ever: a command has a deadline for its whole run (not only bet
 SFTP requests and channel opens time out, and connecting stops retrying after twice
 ``connectTimeout``; a host that could not be reached is not tried again by every resource of the
 same operation one after the other (the failure is remembered for `FAILURE_MEMORY` seconds).
+
+Reads can be started ahead (`prefetch`, see readcache.py): a read-only request (`fetch`, or `run`
+with ``read=True``, `read_file`, `stat_mode`) takes a prefetched result of the very same request
+when there is one; every other command, write or removal first drops what was prefetched of
+the host, so nothing read before a change is served after it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import posixpath
@@ -26,6 +32,8 @@ from typing import Any, Iterable, Optional
 
 import paramiko
 
+from . import readcache
+
 # Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
 # No attempt starts later than 2 x connectTimeout after the first, so an unreachable host fails
 # within about that (each stage of an attempt, TCP, banner, auth, is bounded by connectTimeout).
@@ -37,6 +45,10 @@ FAILURE_MEMORY = 30.0
 
 class RemoteError(Exception):
     """A remote step failed; the message is safe to show (secrets redacted)."""
+
+
+# Reads started ahead of the resource that needs them (readcache.py): one store per process.
+prefetched = readcache.ReadCache()
 
 
 @dataclass(frozen=True)
@@ -254,13 +266,43 @@ def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes]
     return rc, bytes(out), bytes(err)
 
 
+def _scope(t: Target) -> tuple:
+    """What a change invalidates: the host (whoever logs in to it)."""
+    return (t.host, t.port)
+
+
 def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes] = None,
-        timeout: Optional[float] = None, check: bool = True, secrets: Iterable[str] = ()) -> Result:
+        timeout: Optional[float] = None, check: bool = True, secrets: Iterable[str] = (), read: bool = False) -> Result:
     """Run a command on the host. `argv` is quoted; a str is a fixed script of ours (no settings
     inside), run by ``sh -c``. Raises `RemoteError` (or returns the result with check=False).
-    `timeout` (default host.commandTimeoutSeconds) bounds the whole run of the command."""
+    `timeout` (default host.commandTimeoutSeconds) bounds the whole run of the command.
+    `read`: the command only reads the host, so it may be served by a prefetch of the same
+    command line (a failed one, with `check`, runs again); any other command is a change, and
+    drops what was prefetched of the host before it runs."""
     command = shlex.join(argv) if isinstance(argv, list) else "sh -c " + shlex.quote(argv)
     timeout = timeout or t.command_timeout
+    scope = _scope(t)
+    if read and input is None:
+        hit = prefetched.take(scope, (t.key, "run", command))
+        if hit is not readcache.MISS and not (check and hit.rc != 0):
+            return hit
+    elif not read:
+        prefetched.begin_change(scope)
+    try:
+        rc, out, err = _run(t, command, input, timeout, purpose)
+    finally:
+        if read:
+            prefetched.touch(scope)
+        else:
+            prefetched.end_change(scope)
+    result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+    if check and rc != 0:
+        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
+        raise RemoteError(redact(f"{purpose} on {t.label} failed (exit {rc}):\n{tail}", secrets))
+    return result
+
+
+def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpose: str) -> tuple[int, bytes, bytes]:
     for attempt in range(2):
         c = client(t)
         try:
@@ -277,11 +319,7 @@ def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes
             drop(t)
             if attempt:
                 raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
-    result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
-    if check and rc != 0:
-        tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
-        raise RemoteError(redact(f"{purpose} on {t.label} failed (exit {rc}):\n{tail}", secrets))
-    return result
+    return rc, out, err
 
 
 @contextmanager
@@ -315,26 +353,46 @@ def _sftp(t: Target, what: str):
         sftp.close()
 
 
+def _read_bytes(sftp: paramiko.SFTPClient, path: str) -> Optional[bytes]:
+    try:
+        with sftp.open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except IOError as exc:
+        if getattr(exc, "errno", None) == 2:
+            return None
+        raise
+
+
+def _mode(sftp: paramiko.SFTPClient, path: str) -> Optional[int]:
+    try:
+        return sftp.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+
+
 def read_file(t: Target, path: str) -> Optional[bytes]:
     """The file's bytes, or None when it does not exist."""
-    with _sftp(t, f"reading {path}") as sftp:
-        try:
-            with sftp.open(path, "rb") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except IOError as exc:
-            if getattr(exc, "errno", None) == 2:
-                return None
-            raise
+    hit = prefetched.take(_scope(t), (t.key, "read_file", path))
+    if hit is not readcache.MISS:
+        return hit
+    try:
+        with _sftp(t, f"reading {path}") as sftp:
+            return _read_bytes(sftp, path)
+    finally:
+        prefetched.touch(_scope(t))
 
 
 def stat_mode(t: Target, path: str) -> Optional[int]:
-    with _sftp(t, f"reading the mode of {path}") as sftp:
-        try:
-            return sftp.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            return None
+    hit = prefetched.take(_scope(t), (t.key, "stat_mode", path))
+    if hit is not readcache.MISS:
+        return hit
+    try:
+        with _sftp(t, f"reading the mode of {path}") as sftp:
+            return _mode(sftp, path)
+    finally:
+        prefetched.touch(_scope(t))
 
 
 # $1 directory, $2 name pattern of our temporary files for one target file.
@@ -346,6 +404,14 @@ def write_file(t: Target, path: str, content: bytes, mode: int) -> None:
     target, so a dropped connection never leaves a half-written unit or environment file. A
     temporary file left by a write that died (older than a minute: no write in progress) is
     removed by the next write of the same file."""
+    prefetched.begin_change(_scope(t))
+    try:
+        _write_file(t, path, content, mode)
+    finally:
+        prefetched.end_change(_scope(t))
+
+
+def _write_file(t: Target, path: str, content: bytes, mode: int) -> None:
     directory = posixpath.dirname(path)
     prefix = f".{posixpath.basename(path)}.gpu-serving-"
     run(t, ["sh", "-c", _PREPARE_DIR, "sh", directory, prefix + "*"], purpose=f"creating {directory}", timeout=60)
@@ -369,3 +435,104 @@ def write_file(t: Target, path: str, content: bytes, mode: int) -> None:
 
 def remove_file(t: Target, path: str) -> None:
     run(t, ["rm", "-f", "--", path], purpose=f"removing {path}", timeout=60)
+
+
+def note_change(t: Target) -> None:
+    """A change made other than by `run`/`write_file` (the switch lock): drop the prefetched reads."""
+    prefetched.clear(_scope(t))
+
+
+# ---------------------------------------------------------------------------------------------
+# Read requests (reads.py) and their prefetch
+
+
+def fetch(t: Target, request: dict):
+    """Run one read request of reads.py: a `Result`, the file's bytes, or its mode (None when
+    the file does not exist). Served by a prefetch of the same request when there is one."""
+    op = request["op"]
+    if op == "run":
+        return run(t, list(request["argv"]), purpose=request["purpose"], timeout=float(request["timeout"]),
+                   check=bool(request["check"]), read=True)
+    if op == "read_file":
+        return read_file(t, request["path"])
+    if op == "stat_mode":
+        return stat_mode(t, request["path"])
+    raise ValueError(f"unknown read request {op!r}")
+
+
+def fetch_first(t: Target, request: dict):
+    """`fetch` for the host-facts read: when it was the only read of the host while it ran, it
+    opens the prefetch window (readcache.py) for the check of the program's inputs that follows."""
+    scope = _scope(t)
+    before = prefetched.activity(scope)
+    result = fetch(t, request)
+    prefetched.open_window(scope, before, own_reads=2)  # its own take and touch
+    return result
+
+
+def prefetch_window_open(t: Target) -> bool:
+    return prefetched.window_open(_scope(t))
+
+
+def prefetch(t: Target, requests: list[dict]) -> int:
+    """Start read requests (reads.py) at once, on the connection already open to `t`, each on
+    its own channel (a file's read and mode share one SFTP session); their results wait in
+    `prefetched` for the same request. Returns the number of reads started. Never connects and
+    never raises: connecting, and any error, belong to the real reads."""
+    try:
+        with _lock:
+            c = _clients.get(t.key)
+        transport = c.get_transport() if c is not None else None
+        if transport is None or not transport.is_active() or _pin(t) is not None:
+            return 0
+        order: list[tuple] = []
+        files: dict[str, list[str]] = {}
+        for r in requests:
+            op = r.get("op") if isinstance(r, dict) else None
+            if op == "run" and isinstance(r.get("argv"), list) and r["argv"] and all(isinstance(a, str) for a in r["argv"]):
+                order.append(("run", shlex.join(r["argv"]), float(r.get("timeout") or t.command_timeout)))
+            elif op in ("read_file", "stat_mode") and isinstance(r.get("path"), str) and r["path"].startswith("/"):
+                if r["path"] not in files:
+                    files[r["path"]] = []
+                    order.append(("file", r["path"]))
+                if op not in files[r["path"]]:
+                    files[r["path"]].append(op)
+        jobs = []
+        for item in order:
+            if item[0] == "run":
+                _, command, timeout = item
+                jobs.append(([(t.key, "run", command)], functools.partial(_prefetch_command, t, c, command, timeout)))
+            else:
+                path = item[1]
+                ops = tuple(files[path])
+                jobs.append(([(t.key, op, path) for op in ops], functools.partial(_prefetch_file, t, c, path, ops)))
+        return prefetched.prefetch(_scope(t), jobs)
+    except Exception:  # noqa: BLE001 - a prefetch that cannot start is only a missed one
+        return 0
+
+
+def _prefetch_command(t: Target, c: paramiko.SSHClient, command: str, timeout: float) -> dict:
+    # Over the given connection only: no reconnect, no retry, no drop (the real read does those).
+    rc, out, err = _exec(t, c, command, None, timeout)
+    return {(t.key, "run", command): Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))}
+
+
+def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> dict:
+    chan = _open_channel(t, c, t.command_timeout)
+    try:
+        chan.settimeout(t.command_timeout)
+        chan.invoke_subsystem("sftp")
+        sftp = paramiko.SFTPClient(chan)
+    except Exception:
+        chan.close()
+        raise
+    out: dict = {}
+    try:
+        for op in ops:
+            try:
+                out[(t.key, op, path)] = _read_bytes(sftp, path) if op == "read_file" else _mode(sftp, path)
+            except Exception:  # noqa: BLE001 - left out: the real read makes it, and says why it fails
+                pass
+    finally:
+        sftp.close()
+    return out

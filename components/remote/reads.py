@@ -1,0 +1,185 @@
+"""The read requests the providers make, as plain data: what to ask the host, not how to ask it.
+
+Each provider's read is two halves: *build the request* (here: pure functions of the resource's
+props, importable without paramiko) and *run it* (`ssh.fetch`). The program uses the same
+builders to tell the provider process, in advance, which reads the later resources of a refresh
+will make (`components/prefetch.py: refresh_reads`), so that the host-facts resource can start
+them all at once on the connection it opens (`ssh.prefetch`), and the two can never disagree.
+
+A request is a dict:
+
+- ``{"op": "run", "argv": [...], "purpose": str, "timeout": seconds, "check": bool}``: a
+  read-only command (an argv list; a script is one of the constant scripts below or of
+  facts/cuda/venv, with the values as its arguments);
+- ``{"op": "read_file", "path": p}``: the file's bytes (None when it does not exist), by SFTP;
+- ``{"op": "stat_mode", "path": p}``: its permission bits (None when it does not exist).
+
+What the program hands to the provider is a list of *specs*, ``{"kind": ..., "props": {...}}``
+(a resource kind of `BUILDERS` and the props its builder needs): the provider process turns them
+into requests with `expand`, so no command text ever travels through the state.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from ..facts import FACTS_SCRIPT
+
+# Timeout of the installers' read-only probes (cuda toolkit, venv, wheelhouse digests).
+PROBE_TIMEOUT = 120
+
+# The unit properties readiness compares between two polls.
+UNIT_PROPS = ["ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus"]
+# The unit properties the service resource reads (its state, and what a switch needs to know).
+SERVICE_PROPS = ["Id", "ActiveState", "UnitFileState", "LoadState", "NeedDaemonReload", "MainPID", "NRestarts",
+                 "SubState", "Result", "ExecMainStatus"]
+
+# $1 unit, $2 probe address, $3 port, $4 generation timeout, $5 start time (epoch seconds; "-": do
+# not read the journal, e.g. on refresh, where a busy server's day of logs would be scanned)
+POLL_SCRIPT = r"""
+systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$1"
+echo @@health
+code=$(curl -s -o /dev/null -w '%{http_code}' --max-time "$4" "http://$2:$3/health_generate"); echo "$code $?"
+echo @@ready
+if [ "$5" = - ]; then echo 0; else
+journalctl -u "$1" --since "@$5" -q --no-pager -o cat 2>/dev/null | grep -c 'The server is fired up and ready to roll' || true
+fi
+"""
+
+# $1 probe address, $2 port
+INFO_SCRIPT = r"""
+echo @@server_info
+curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/server_info"
+echo; echo @@get_server_info
+curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/get_server_info"
+echo; echo @@models
+curl -s -w '\n%{http_code}' --max-time 10 "http://$1:$2/v1/models"
+echo
+"""
+
+# A poll that waits on the host: for up to $6 seconds it asks /health_generate every 0.2 s (each
+# ask bounded by 2 s; the report's own ask below has the whole generation timeout) and stops
+# as soon as the server generates or the unit is no longer running, then reports like
+# POLL_SCRIPT (the unit's state, the health, the ready line) and, when it generates, what it runs
+# (INFO_SCRIPT): the moment the server is ready is seen within 0.2 s, not a poll interval later,
+# over one round trip per interval. $1..$5 as POLL_SCRIPT.
+SNAPSHOT_SCRIPT = r"""
+end=$(awk -v w="$6" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", now + w }')
+while awk -v end="$end" -v now="$(date +%s.%N)" 'BEGIN { exit !(now < end) }'; do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$2:$3/health_generate")" = 200 ] && break
+  case "$(systemctl show -p ActiveState --value -- "$1")" in active|activating|reloading) ;; *) break ;; esac
+  sleep 0.2
+done
+""" + POLL_SCRIPT + r"""
+if [ "$code" = 200 ]; then set -- "$2" "$3"
+""" + INFO_SCRIPT + r"""
+fi
+"""
+
+# Generation timeout of the readiness read on refresh (seconds).
+REFRESH_GENERATION_TIMEOUT = 60
+
+
+def probe_address(bind: str) -> str:
+    return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
+
+
+def command(argv: list[str], *, purpose: str, timeout: float, check: bool) -> dict:
+    return {"op": "run", "argv": [str(a) for a in argv], "purpose": purpose, "timeout": timeout, "check": check}
+
+
+def file_read(path: str) -> dict:
+    return {"op": "read_file", "path": str(path)}
+
+
+def file_mode(path: str) -> dict:
+    return {"op": "stat_mode", "path": str(path)}
+
+
+# --- the requests, by what they read --------------------------------------------------------
+
+def unit_states(units: list[str]) -> dict:
+    """`systemctl show` of the service's properties for `units` (blocks in argument order)."""
+    return command(["systemctl", "show", *sum((["-p", p] for p in SERVICE_PROPS), []), "--", *units],
+                   purpose="reading unit states", timeout=30, check=True)
+
+
+def snapshot(unit: str, address: str, port: int, gen_timeout: float, since: Optional[int], wait: float = 0.0) -> dict:
+    """One readiness poll (probe.SNAPSHOT_SCRIPT): the unit's state, the health and, when it
+    generates, what it runs. `since` None: the journal is not read; `wait`: seconds the host may
+    wait for the server to generate first."""
+    return command(["sh", "-c", SNAPSHOT_SCRIPT, "sh", unit, address, str(int(port)), str(int(gen_timeout)),
+                    "-" if since is None else str(since), f"{max(0.0, wait):.1f}"],
+                   purpose=f"probing {unit}", timeout=gen_timeout + wait + 60, check=False)
+
+
+# --- what each resource's read makes, from its props ----------------------------------------
+
+def host_facts(props: dict) -> list[dict]:
+    """HostFactsProvider: GPUs, driver, CUDA, interconnect and OS in one command."""
+    return [command(["sh", "-c", FACTS_SCRIPT, "sh", props["cudaHome"]], purpose="reading host facts", timeout=60,
+                    check=False)]
+
+
+def cuda_toolkit(props: dict) -> list[dict]:
+    """CudaToolkitProvider: nvcc, the package, its owner, the OS, in one command."""
+    from ..cuda import PROBE_SCRIPT
+    package = props["aptPackage"].split("=", 1)[0]
+    return [command(["sh", "-c", PROBE_SCRIPT, "sh", props["home"], package], purpose="checking the CUDA toolkit",
+                    timeout=PROBE_TIMEOUT, check=False)]
+
+
+def python_venv(props: dict) -> list[dict]:
+    """PythonVenvProvider: the venv's python version and installed distributions."""
+    from ..venv import PROBE_SCRIPT
+    path = props["path"]
+    return [command(["sh", "-c", PROBE_SCRIPT, "sh", path], purpose=f"checking the venv {path}",
+                    timeout=PROBE_TIMEOUT, check=False)]
+
+
+def remote_file(props: dict) -> list[dict]:
+    """RemoteFileProvider: the file's bytes, then its mode."""
+    return [file_read(props["path"]), file_mode(props["path"])]
+
+
+def service(props: dict) -> list[dict]:
+    """ServiceProvider: the unit's state."""
+    return [unit_states([props["unit"]])]
+
+
+def readiness(props: dict) -> list[dict]:
+    """ReadinessProvider: one poll without waiting and without the journal."""
+    return [snapshot(props["unit"], probe_address(props["bind"]), int(props["port"]), REFRESH_GENERATION_TIMEOUT, None)]
+
+
+BUILDERS: dict[str, Callable[[dict], list[dict]]] = {
+    "host-facts": host_facts,
+    "cuda-toolkit": cuda_toolkit,
+    "venv-packages": python_venv,
+    "file": remote_file,
+    "service": service,
+    "readiness": readiness,
+}
+
+
+def spec(kind: str, props: dict[str, Any]) -> dict:
+    """What the program tells the provider: the kind of resource and the props its read uses."""
+    if kind not in BUILDERS:
+        raise ValueError(f"no read builder for {kind!r}")
+    return {"kind": kind, "props": dict(props)}
+
+
+def expand(specs: Any) -> list[dict]:
+    """The requests of a list of specs. Anything that is not a well-formed spec (a state written
+    by another version, say) is skipped: a prefetch is an optimisation, never a reason to fail."""
+    out: list[dict] = []
+    for s in specs if isinstance(specs, list) else []:
+        if not isinstance(s, dict) or s.get("kind") not in BUILDERS or not isinstance(s.get("props"), dict):
+            continue
+        props = s["props"]
+        if not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in props.values()):
+            continue
+        try:
+            out += BUILDERS[s["kind"]](props)
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out

@@ -1,0 +1,56 @@
+"""Batched refresh reads, end to end: the real engine (`PULUMI_RUN_PROGRAM` refresh, as
+scripts/env.sh sets it) and a real host whose sshd records every session it runs.
+
+A no-drift refresh makes each read once: host facts, CUDA, venv, the environment and unit files
+(content and mode in one SFTP session each: they were prefetched together), the service and
+readiness: 7 sessions over 1 connection, where reading them one resource after the other took 9.
+A hand edit made just before the refresh is still seen (drift, then repaired)."""
+from __future__ import annotations
+
+import pytest
+from pulumi import automation as auto
+
+from tests import hardening_support as H
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+ENV_FILE = "/etc/gpu-serving/kimi-k2.6.env"
+
+
+def _sessions(commands: list[str]) -> tuple[int, int]:
+    """(sessions, of which SFTP)."""
+    return len(commands), sum("sftp" in c for c in commands)
+
+
+def test_a_refresh_reads_each_thing_once_over_one_connection(deployment):
+    d = deployment
+    d.stack("tp8").up(on_output=print)
+    # A second `up`: its same step writes this run's prefetch list into the state's inputs,
+    # which the next refresh's host-facts read takes (a first deploy stores it too).
+    d.stack("tp8").up(on_output=print)
+    H.install_command_log(d.host)
+    record = H.HostRecord(d.host)
+    for op in ("preview", "up"):
+        mark = record.mark()
+        if op == "preview":
+            d.stack("tp8").preview(refresh=True, expect_no_changes=True)
+        else:
+            result = d.stack("tp8").up(refresh=True)
+            assert set(result.summary.resource_changes or {}) <= {"same"}, result.summary.resource_changes
+        commands, logins = record.since(mark)
+        assert logins == 1, (op, logins)
+        assert _sessions(commands) == (7, 2), (op, commands)
+
+
+def test_a_hand_edit_just_before_the_refresh_is_drift(deployment):
+    d = deployment
+    original = d.sh(f"cat {ENV_FILE}")
+    d.sh(f"sed -i 's/NCCL_ALGO=Ring/NCCL_ALGO=Tree/' {ENV_FILE}")
+    lines: list[str] = []
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("tp8").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    text = "\n".join(lines) + str(info.value)
+    assert "environment-file" in text and "NCCL_ALGO" in text, text[-3000:]
+    d.stack("tp8").up(refresh=True, on_output=print)
+    assert d.sh(f"cat {ENV_FILE}") == original
+    d.stack("tp8").preview(refresh=True, expect_no_changes=True)
