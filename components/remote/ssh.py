@@ -30,9 +30,27 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
-import paramiko
-
 from . import readcache
+
+
+def _lazy_import(name: str):
+    """The module, loaded on its first attribute access (importlib's LazyLoader). The Pulumi
+    program imports this module only to declare the providers, and never connects: paramiko's
+    ~60 ms of imports are paid by the provider process alone, which connects."""
+    import importlib.util
+    import sys
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    loader = importlib.util.LazyLoader(spec.loader)
+    spec.loader = loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
+
+
+paramiko = _lazy_import("paramiko")
 
 # Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
 # No attempt starts later than 2 x connectTimeout after the first, so an unreachable host fails
