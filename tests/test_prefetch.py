@@ -15,12 +15,11 @@ import threading
 import time
 from pathlib import Path
 
-import pulumi
 import pytest
 
 from components.prefetch import refresh_reads
 from components.remote import installers, providers, readcache, reads, ssh
-from tests.test_program_mocks import ROOT, FLEET, Recorder, stack_config
+from tests.test_program_mocks import FLEET, ROOT, run_program, stack_config
 
 # ---------------------------------------------------------------------------------------------
 # The cache's rules (readcache.ReadCache), with jobs standing in for the transport
@@ -294,17 +293,7 @@ REFRESH_ORDER = [("cuda-toolkit", installers.CudaToolkitProvider), ("venv-packag
 
 def _registered(stack: str, config: dict, monkeypatch) -> dict:
     monkeypatch.chdir(ROOT)
-    rec = Recorder()
-    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
-    pulumi.runtime.set_all_config(config)
-    from components.program import run
-
-    @pulumi.runtime.test
-    def check():
-        run()
-        return pulumi.Output.from_input(True).apply(lambda _: None)
-
-    check()
+    rec = run_program(stack, config)
     return {name: inputs for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
 
 

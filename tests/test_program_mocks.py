@@ -35,17 +35,7 @@ def stack_config(stack: str) -> dict:
 @pytest.mark.parametrize("stack", ["tp8", "pp8", "ep8"])
 def test_program_registers_components_with_rendered_unit(stack, monkeypatch):
     monkeypatch.chdir(ROOT)
-    rec = Recorder()
-    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
-    pulumi.runtime.set_all_config(stack_config(stack))
-    from components.program import run
-
-    @pulumi.runtime.test
-    def check():
-        run()
-        return pulumi.Output.from_input(True).apply(lambda _: None)
-
-    check()
+    rec = run_program(stack, stack_config(stack))
     types = [t for t, _, _ in rec.resources]
     for component in ("GpuHost", "ServingUnit", "ReadinessCheck"):
         assert f"gpu-serving:index:{component}" in types, types
@@ -61,7 +51,8 @@ def test_program_registers_components_with_rendered_unit(stack, monkeypatch):
     assert sorted(service["siblings"]) == sorted(plan.unit.conflicts)
 
 
-def _run_program(stack: str, config: dict) -> Recorder:
+def run_program(stack: str, config: dict) -> Recorder:
+    """The program under mocks with `config`; the recorder of what it registered."""
     rec = Recorder()
     pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
     pulumi.runtime.set_all_config(config)
@@ -84,7 +75,7 @@ def test_fleet_registers_every_resource_once_per_host_with_that_hosts_plan(monke
     monkeypatch.chdir(ROOT)
     config = stack_config("ep8")
     config["gpu-serving:hosts"] = json.dumps(FLEET)
-    rec = _run_program("ep8", config)
+    rec = run_program("ep8", config)
     names = [(t, n) for t, n, _ in rec.resources]
     # A URN holds the parent's type, not its name: every child needs a name of its own.
     assert len(names) == len(set(names)), sorted(names)
@@ -104,7 +95,7 @@ def test_fleet_registers_every_resource_once_per_host_with_that_hosts_plan(monke
 def test_one_host_form_keeps_its_resource_names(monkeypatch):
     # Stacks deployed before fleets existed must see no rename (a rename is a delete + create).
     monkeypatch.chdir(ROOT)
-    rec = _run_program("ep8", stack_config("ep8"))
+    rec = run_program("ep8", stack_config("ep8"))
     names = {n for _, n, _ in rec.resources}
     assert {"host", "host-facts", "cuda", "cuda-toolkit", "venv", "venv-packages", "ep8", "environment-file",
             "unit-file", "service", "readiness"} <= names, sorted(names)

@@ -390,27 +390,25 @@ def _mode(sftp: paramiko.SFTPClient, path: str) -> Optional[int]:
         return None
 
 
-def read_file(t: Target, path: str) -> Optional[bytes]:
-    """The file's bytes, or None when it does not exist."""
-    hit = prefetched.take(_scope(t), (t.key, "read_file", path))
+def _sftp_read(t: Target, kind: str, path: str, what: str, read):
+    """A read by SFTP, or its prefetched result (the same `kind` of read of the same path)."""
+    hit = prefetched.take(_scope(t), (t.key, kind, path))
     if hit is not readcache.MISS:
         return hit
     try:
-        with _sftp(t, f"reading {path}") as sftp:
-            return _read_bytes(sftp, path)
+        with _sftp(t, what) as sftp:
+            return read(sftp, path)
     finally:
         prefetched.touch(_scope(t))
+
+
+def read_file(t: Target, path: str) -> Optional[bytes]:
+    """The file's bytes, or None when it does not exist."""
+    return _sftp_read(t, "read_file", path, f"reading {path}", _read_bytes)
 
 
 def stat_mode(t: Target, path: str) -> Optional[int]:
-    hit = prefetched.take(_scope(t), (t.key, "stat_mode", path))
-    if hit is not readcache.MISS:
-        return hit
-    try:
-        with _sftp(t, f"reading the mode of {path}") as sftp:
-            return _mode(sftp, path)
-    finally:
-        prefetched.touch(_scope(t))
+    return _sftp_read(t, "stat_mode", path, f"reading the mode of {path}", _mode)
 
 
 # $1 directory, $2 name pattern of our temporary files for one target file.
