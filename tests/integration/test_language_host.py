@@ -426,4 +426,37 @@ def test_launcher_missing_virtualenv_message(tmp_path):
     proc = subprocess.run([str(LAUNCHER), "127.0.0.1:1"], capture_output=True, text=True, env=env, cwd=tmp_path,
                           timeout=60)
     assert proc.returncode == 1
-    assert f'"{tmp_path}/no-venv-here" doesn\'t exist' in proc.stderr
+    assert f"virtualenv {tmp_path}/no-venv-here (Pulumi.yaml runtime.options.virtualenv)" in proc.stderr
+    assert "scripts/setup" in proc.stderr
+
+
+def test_launcher_serves_as_many_calls_at_once_as_a_fleet_makes(tmp_path):
+    """A fleet switch holds one provider call per host for the whole readiness wait: 8 creates
+    that each wait for all 8 to be running must all succeed (the SDK's own server has 4 threads:
+    there they would time out, the first four waiting for the others)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pulumi.dynamic.dynamic import serialize_provider
+    from pulumi.runtime import rpc
+    from pulumi.runtime.proto import provider_pb2
+
+    from tests import provider_pool_support as support
+
+    provider = serialize_provider(support.WaitForAll())
+    env = dict(os.environ, PULUMI_RUNTIME_VIRTUALENV=str(VENV), PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([str(LAUNCHER), "127.0.0.1:1"], stdout=subprocess.PIPE, env=env, cwd=REPO,
+                            start_new_session=True, text=True)
+    try:
+        port = int(proc.stdout.readline())
+
+        def create(n):
+            props = asyncio.run(rpc.serialize_properties({"__provider": provider, "n": n}, {}))
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                return provider_pb2_grpc.ResourceProviderStub(channel).Create(
+                    provider_pb2.CreateRequest(urn=f"urn:pulumi:s::p::t::r{n}", properties=props), timeout=60)
+        with ThreadPoolExecutor(support.PARTIES) as pool:
+            ids = sorted(int(r.id) for r in pool.map(create, range(support.PARTIES)))
+        assert ids == list(range(support.PARTIES))
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -3,6 +3,8 @@
 #
 #   python -u gpu-serving-pyrun.py --script PATH [ARGS...]   behaves as   python -u PATH [ARGS...]
 #   python -u gpu-serving-pyrun.py --module NAME [ARGS...]   behaves as   python -u -m NAME [ARGS...]
+#   --min-pool-threads N (before --script/--module): every concurrent.futures.ThreadPoolExecutor
+#   the program makes may grow to at least N threads (the dynamic-provider launcher says why).
 #
 # Used by our language host for the program (PATH = pulumi-language-python-exec) and by the
 # dynamic-provider launcher (NAME = pulumi.dynamic).
@@ -27,14 +29,17 @@ def _gs_pyrun(argv):
     import os
     import sys
 
-    exit_status, finish = _gs_exit_status, _gs_finish
+    exit_status, finish, _gs_widen_pools = _gs_exit_status, _gs_finish, _gs_widen
     main_globals = sys.modules["__main__"].__dict__
     # The program runs in __main__'s namespace, as it would: leave none of ours there.
-    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish"):
+    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen"):
         main_globals.pop(name, None)
 
+    if len(argv) >= 3 and argv[1] == "--min-pool-threads":
+        _gs_widen_pools(int(argv[2]))
+        argv = [argv[0], *argv[3:]]
     if len(argv) < 3 or argv[1] not in ("--script", "--module"):
-        sys.stderr.write("usage: gpu-serving-pyrun.py --script PATH [ARGS...] | --module NAME [ARGS...]\n")
+        sys.stderr.write("usage: gpu-serving-pyrun.py [--min-pool-threads N] --script PATH [ARGS...] | --module NAME [ARGS...]\n")
         raise SystemExit(2)
     mode, target, args = argv[1], argv[2], argv[3:]
     try:
@@ -66,6 +71,24 @@ def _gs_pyrun(argv):
     else:
         status = 0
     finish(status)
+
+
+def _gs_widen(threads):
+    """Let every ThreadPoolExecutor made from now on grow to at least `threads` threads. The SDK's
+    dynamic-provider server fixes its pool at 4 inside its unguarded main(); this is the one
+    place to widen it without a copy of that server. An executor starts a thread only when work
+    is waiting and none is idle, so the ceiling costs nothing until used."""
+    import concurrent.futures
+    import concurrent.futures.thread
+
+    base = concurrent.futures.thread.ThreadPoolExecutor
+
+    class ThreadPoolExecutor(base):
+        def __init__(self, max_workers=None, *args, **kwargs):
+            super().__init__(max(max_workers or 0, threads), *args, **kwargs)
+
+    concurrent.futures.ThreadPoolExecutor = ThreadPoolExecutor
+    concurrent.futures.thread.ThreadPoolExecutor = ThreadPoolExecutor
 
 
 def _gs_exit_status(code):
