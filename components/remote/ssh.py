@@ -239,11 +239,40 @@ class _Expired(Exception):
     pass
 
 
+# sshd refuses channels beyond MaxSessions per connection (OpenSSH's default: 10), and paramiko
+# can only report the refusal as a lost connection. A refresh reads every resource at once and
+# starts their reads ahead, so the sessions open at the same time on one connection are capped
+# here, below that default with room for the switch lock's own channel (providers._lock).
+MAX_CHANNELS = 8
+_channel_slots: dict[tuple, threading.BoundedSemaphore] = {}
+_channel_slots_lock = threading.Lock()
+
+
+def _slots(t: Target) -> threading.BoundedSemaphore:
+    with _channel_slots_lock:
+        return _channel_slots.setdefault(t.key, threading.BoundedSemaphore(MAX_CHANNELS))
+
+
 def _open_channel(t: Target, c: paramiko.SSHClient, timeout: float) -> paramiko.Channel:
+    """A new session on the connection, once one of its MAX_CHANNELS slots is free; the caller
+    gives the slot back with `_close_channel` (exactly once)."""
     transport = c.get_transport()
     if transport is None or not transport.is_active():
         raise EOFError("the connection is closed")
-    return transport.open_session(timeout=min(timeout, max(t.connect_timeout, 10.0)))
+    if not _slots(t).acquire(timeout=timeout):
+        raise socket.timeout(f"no free SSH session on the connection within {timeout:g} s")
+    try:
+        return transport.open_session(timeout=min(timeout, max(t.connect_timeout, 10.0)))
+    except BaseException:
+        _slots(t).release()
+        raise
+
+
+def _close_channel(t: Target, chan: paramiko.Channel) -> None:
+    try:
+        chan.close()
+    finally:
+        _slots(t).release()
 
 
 def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes], timeout: float) -> tuple[int, bytes, bytes]:
@@ -278,7 +307,7 @@ def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes]
         raise
     finally:
         timer.cancel()
-        chan.close()
+        _close_channel(t, chan)
     if expired.is_set():
         raise _Expired()
     return rc, bytes(out), bytes(err)
@@ -344,14 +373,19 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
 def _sftp(t: Target, what: str):
     """An SFTP session whose requests time out (host.commandTimeoutSeconds), as a RemoteError."""
     c = client(t)
+    chan = None
     try:
         chan = _open_channel(t, c, t.command_timeout)
         chan.settimeout(t.command_timeout)
         chan.invoke_subsystem("sftp")
         sftp = paramiko.SFTPClient(chan)
-    except socket.timeout:
-        raise RemoteError(f"{what} on {t.label}: the SFTP session did not open within {t.command_timeout:g} s") from None
-    except (paramiko.SSHException, EOFError) as exc:
+    except BaseException as exc:
+        if chan is not None:
+            _close_channel(t, chan)
+        if isinstance(exc, socket.timeout):
+            raise RemoteError(f"{what} on {t.label}: the SFTP session did not open within {t.command_timeout:g} s") from None
+        if not isinstance(exc, (paramiko.SSHException, EOFError)):
+            raise
         if _pin(t) is not None:
             client(t)  # the pinned connection is never dropped here: it holds the lock
         else:
@@ -369,6 +403,7 @@ def _sftp(t: Target, what: str):
         raise RemoteError(f"{what} on {t.label}: connection lost ({exc})") from None
     finally:
         sftp.close()
+        _close_channel(t, chan)
 
 
 def _read_bytes(sftp: paramiko.SFTPClient, path: str) -> Optional[bytes]:
@@ -539,8 +574,8 @@ def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> d
         chan.settimeout(t.command_timeout)
         chan.invoke_subsystem("sftp")
         sftp = paramiko.SFTPClient(chan)
-    except Exception:
-        chan.close()
+    except BaseException:
+        _close_channel(t, chan)
         raise
     out: dict = {}
     try:
@@ -551,4 +586,5 @@ def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> d
                 pass
     finally:
         sftp.close()
+        _close_channel(t, chan)
     return out
