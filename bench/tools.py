@@ -117,6 +117,10 @@ class GpuServing(Tool):
 
 
 # ---------------------------------------------------------------------------------------------
+# What a peer needs of gpu-serving's plan to write the same files and serve the same unit.
+PEER_PLAN_KEYS = ("unit_name", "unit_text", "environment_path", "environment_text", "port", "siblings")
+
+
 def _hosts_key(hosts: list[Host]) -> str:
     return "-".join(h.name for h in hosts)
 
@@ -134,8 +138,7 @@ class Ansible(Tool):
         self.dir.mkdir(parents=True, exist_ok=True)
         self.control = None
         for stack, plan in plans.items():
-            (self.dir / f"vars-{stack}.json").write_text(json.dumps({k: plan[k] for k in (
-                "unit_name", "unit_text", "environment_path", "environment_text", "port", "siblings")}))
+            (self.dir / f"vars-{stack}.json").write_text(json.dumps({k: plan[k] for k in PEER_PLAN_KEYS}))
         (self.dir / "ansible.cfg").write_text(
             "[defaults]\n"
             "host_key_checking = True\n"
@@ -201,8 +204,7 @@ class Pyinfra(Tool):
 
     def _inventory(self, stack: str, hosts: list[Host]) -> Path:
         path = self.dir / f"inventory_{stack}_{_hosts_key(hosts).replace('-', '_')}.py"
-        plan = {k: self.plans[stack][k] for k in ("unit_name", "unit_text", "environment_path", "environment_text", "port",
-                                                  "siblings")}
+        plan = {k: self.plans[stack][k] for k in PEER_PLAN_KEYS}
         entries = []
         for h in hosts:
             i = h.info

@@ -15,6 +15,10 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # the engine environment is the tests' own (tests/pulumi_env.py)
+from tests.pulumi_env import engine_env as _engine_env, require_engine, settings_only_stack_files  # noqa: E402
+
 BENCH = REPO / "bench"
 REQUIREMENTS = BENCH / "requirements.txt"
 IGNORE = shutil.ignore_patterns(".git", ".venv", ".pulumi-state", "__pycache__", ".pytest_cache", "tests", "bench", "docs")
@@ -73,8 +77,6 @@ class Project:
 
 
 def engine_env(home: Path, backend: Path) -> dict:
-    sys.path.insert(0, str(REPO))
-    from tests.pulumi_env import engine_env as _engine_env, require_engine
     env = _engine_env(pulumi_home=home, backend_url=f"file://{backend}", passphrase=PASSPHRASE)
     require_engine(env)
     env["PULUMI_SKIP_CONFIRMATIONS"] = "true"
@@ -109,8 +111,6 @@ def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str
                                  stdout=subprocess.PIPE).stdout
         subprocess.run(["tar", "-x", "-C", str(project)], input=archive, check=True)
     (project / ".venv").symlink_to(REPO / ".venv")
-    sys.path.insert(0, str(REPO))
-    from tests.pulumi_env import settings_only_stack_files
     settings_only_stack_files(project)
     path = project / "Pulumi.yaml"
     doc = yaml.safe_load(path.read_text())

@@ -25,6 +25,12 @@ import pytest
 _TEST_NAME = re.compile(r"^pt(\d+)[a-z]?$")
 
 
+def pytest_configure(config):
+    # The hardening summary line (tests/hardening_support.py), printed when those tests counted.
+    from tests.hardening_support import SummaryPlugin
+    config.pluginmanager.register(SummaryPlugin(), "gpu-serving-hardening")
+
+
 def _reap_abandoned_test_hosts() -> None:
     """Remove hosts left by an earlier pytest session that was killed before its teardown."""
     from rehearsal import host

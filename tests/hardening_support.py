@@ -1,8 +1,8 @@
 """Shared by the hardening tests (issue 8): the figures of the summary line, a recording of every
 command run on a rehearsal host over SSH, and the out-of-band controls that inject faults.
 
-The summary line is printed at the end of the run by a small plugin that each hardening test
-module registers (`register`), from counters the tests fill:
+The summary line is printed at the end of the run (tests/conftest.py registers the plugin), from
+counters the tests fill, whenever a hardening test counted something:
 
     hardening: 90 invalid configs refused (10 through pulumi with 0 host commands), 9 faults injected and survived, 0 secrets found in outputs (28 outputs checked)
 """
@@ -61,16 +61,16 @@ def summary_line() -> str:
             f"{f.secrets_found} secrets found in outputs ({f.outputs_checked} outputs checked)")
 
 
-class _SummaryPlugin:
+def counted() -> bool:
+    f = FIGURES
+    return bool(f.refused or f.refused_by_pulumi or f.faults or f.outputs_checked)
+
+
+class SummaryPlugin:
     def pytest_terminal_summary(self, terminalreporter):
-        terminalreporter.write_sep("-", "gpu-serving hardening (issue 8)")
-        terminalreporter.write_line(summary_line())
-
-
-def register(config) -> None:
-    """Idempotent: the first hardening module that runs adds the summary line to the report."""
-    if not config.pluginmanager.has_plugin("gpu-serving-hardening"):
-        config.pluginmanager.register(_SummaryPlugin(), "gpu-serving-hardening")
+        if counted():
+            terminalreporter.write_sep("-", "gpu-serving hardening (issue 8)")
+            terminalreporter.write_line(summary_line())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -34,11 +34,6 @@ CORPUS = Path(__file__).parent / "data" / "bad-input"
 SIBLINGS = ["tp8", "pp8", "ep8"]
 
 
-@pytest.fixture(autouse=True)
-def _summary(request):
-    H.register(request.config)
-
-
 def project_config() -> dict:
     """The project-level values of Pulumi.yaml, without the namespace, plus tp8's layout."""
     config = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())["config"]

@@ -26,11 +26,6 @@ ENV_FILE = "/etc/gpu-serving/kimi-k2.6.env"
 LOAD_SECONDS = "6"
 
 
-@pytest.fixture(autouse=True)
-def _summary(request):
-    H.register(request.config)
-
-
 @pytest.fixture(scope="module")
 def d(tmp_path_factory, rehearsal_host_factory):
     host = rehearsal_host_factory()

@@ -43,11 +43,6 @@ LOCK = "/run/lock/gpu-serving.lock"
 TEMP_FILES = ("find /etc /root /var/lib/gpu-serving -name '.*.gpu-serving-*' 2>/dev/null; true")
 
 
-@pytest.fixture(autouse=True)
-def _summary(request):
-    H.register(request.config)
-
-
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory, rehearsal_host_factory):
     host = rehearsal_host_factory()

@@ -28,11 +28,6 @@ SAMPLE = ["arith-tp1-ep8", "memory-80gb-gpus", "port-privileged", "served-name-s
           "apt-trusted-yes"]
 
 
-@pytest.fixture(autouse=True)
-def _summary(request):
-    H.register(request.config)
-
-
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory, rehearsal_host_factory):
     host = rehearsal_host_factory()

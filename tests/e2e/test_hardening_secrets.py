@@ -33,11 +33,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 ENV_FILE = "/etc/gpu-serving/kimi-k2.6.env"
 
 
-@pytest.fixture(autouse=True)
-def _summary(request):
-    H.register(request.config)
-
-
 class Secrets:
     def __init__(self, d, key: str, token: str):
         self.d, self.key, self.token = d, key, token
