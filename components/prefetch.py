@@ -1,6 +1,6 @@
 """Which reads a refresh of one host will make after its host facts, known before it starts.
 
-The program passes `refresh_reads(settings, plan)` to the host-facts resource (its `prefetch`
+The program passes `refresh_reads(plan)` to the host-facts resource (its `prefetch`
 prop): the provider process starts these reads at once, on the connection it opens for the
 host facts, instead of the engine waiting for them one dependent resource after the other
 (components/remote/readcache.py says what is served and when it is not).
@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING
 from .remote import reads
 
 if TYPE_CHECKING:
-    from .config import StackSettings
     from .plan import ServingPlan
 
 
-def refresh_reads(settings: StackSettings, plan: ServingPlan) -> list[dict]:
+def refresh_reads(plan: ServingPlan) -> list[dict]:
     """The reads of the CUDA toolkit, the venv, the environment and unit files, the service and
-    readiness, in the order a refresh reaches them."""
+    readiness, in the order a refresh reaches them, for the host `plan.settings` describes."""
     from .serving_unit import UNIT_DIR  # the unit file's path is composed there
-    s = settings
+    s = plan.settings
     unit = plan.unit.name
     return [
         reads.spec("cuda-toolkit", {"home": s.cuda.home, "aptPackage": s.cuda.apt_package}),

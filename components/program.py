@@ -20,7 +20,7 @@ from .serving_unit import ServingUnit
 
 def read_config() -> dict:
     cfg = pulumi.Config("gpu-serving")
-    return {key: cfg.get_object(key) for key in CONFIG_KEYS if cfg.get_object(key) is not None}
+    return {key: value for key in CONFIG_KEYS if (value := cfg.get_object(key)) is not None}
 
 
 def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
@@ -30,7 +30,7 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
     fleet entry's name, which prefixes every resource of that host."""
     settings: StackSettings = plan.settings
     prefix = f"{name}-" if name else ""
-    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(settings, plan)),
+    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(plan)),
                    needed_gpus=plan.world_size)
     after_host = pulumi.ResourceOptions(depends_on=[host])
     # Shared by every strategy stack of the host; a stack's destroy leaves them in place.

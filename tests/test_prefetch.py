@@ -1,6 +1,6 @@
 """Batched refresh reads ("prefetch"): the cache's rules with a fake transport, the list the
 program passes checked against what the providers' own request builders make for the props it
-registers (no host), and the SDK detail the host-facts read relies on.
+registers (no host).
 
 The end-to-end proof that drift is still seen with prefetch on is the rehearsal suites
 (tests/e2e/test_deploy_switch_drift.py, test_readiness_faults.py).
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from components.plan import plan_stack
 from components.prefetch import refresh_reads
 from components.remote import installers, providers, readcache, reads, ssh
 from tests.test_program_mocks import FLEET, ROOT, run_program, stack_config
@@ -269,7 +270,7 @@ def test_the_check_after_a_read_starts_the_programs_list_and_never_connects(fake
     t, ran, answers = fake_host
     connection = {"host": t.host, "port": t.port, "user": t.user, "privateKey": t.private_key, "hostKey": t.host_key}
     news = {"connection": connection, "cudaHome": "/usr/local/cuda-13.0", "expect": {},
-            "prefetch": refresh_reads(*_plan("ep8"))}
+            "prefetch": refresh_reads(plan_stack(ROOT, "ep8"))}
     provider = providers.HostFactsProvider()
     assert provider.check({}, news).inputs == news and ran == []  # no read just before: nothing
     facts, = reads.host_facts(news)
@@ -314,7 +315,7 @@ def test_refresh_reads_are_what_the_providers_build_for_the_registered_props(sta
     # The same function, called as the program calls it.
     from components.plan import plan_stack
     plan = plan_stack(ROOT, stack)
-    assert refresh_reads(plan.settings, plan) == specs
+    assert refresh_reads(plan) == specs
 
 
 def test_refresh_reads_of_a_fleet_are_each_hosts_own(monkeypatch):
@@ -356,13 +357,3 @@ def test_every_read_request_is_an_argv_list_or_a_fixed_script_and_has_a_timeout(
             if not any(k.arg == "timeout" for k in node.keywords):
                 problems.append(f"reads.py:{node.lineno}: no timeout=")
     assert seen >= 5 and not problems, problems
-
-
-# ---------------------------------------------------------------------------------------------
-# The SDK detail: the host-facts read finds the inputs of the Read request it serves
-
-
-def _plan(stack: str):
-    from components.plan import plan_stack
-    plan = plan_stack(ROOT, stack)
-    return plan.settings, plan

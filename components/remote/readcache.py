@@ -31,7 +31,8 @@ from typing import Any, Callable, Hashable, Iterable
 
 # Seconds a prefetched result stays servable, counted from the moment its read started.
 MAX_AGE = 5.0
-# Prefetch reads in flight at once per process (each is an SSH channel; sshd allows 10 a connection).
+# Prefetch reads in flight at once per process (each holds an SSH session; the transport keeps
+# a connection's sessions under sshd's limit itself, ssh.MAX_CHANNELS).
 WORKERS = 4
 
 MISS = object()  # take(): nothing to serve, make the real read

@@ -373,19 +373,11 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
 def _sftp(t: Target, what: str):
     """An SFTP session whose requests time out (host.commandTimeoutSeconds), as a RemoteError."""
     c = client(t)
-    chan = None
     try:
-        chan = _open_channel(t, c, t.command_timeout)
-        chan.settimeout(t.command_timeout)
-        chan.invoke_subsystem("sftp")
-        sftp = paramiko.SFTPClient(chan)
-    except BaseException as exc:
-        if chan is not None:
-            _close_channel(t, chan)
-        if isinstance(exc, socket.timeout):
-            raise RemoteError(f"{what} on {t.label}: the SFTP session did not open within {t.command_timeout:g} s") from None
-        if not isinstance(exc, (paramiko.SSHException, EOFError)):
-            raise
+        chan, sftp = _start_sftp(t, c)
+    except socket.timeout:
+        raise RemoteError(f"{what} on {t.label}: the SFTP session did not open within {t.command_timeout:g} s") from None
+    except (paramiko.SSHException, EOFError) as exc:
         if _pin(t) is not None:
             client(t)  # the pinned connection is never dropped here: it holds the lock
         else:
@@ -402,7 +394,26 @@ def _sftp(t: Target, what: str):
             raise  # the server's answer about the file (no such file, permission denied, ...)
         raise RemoteError(f"{what} on {t.label}: connection lost ({exc})") from None
     finally:
+        _end_sftp(t, chan, sftp)
+
+
+def _start_sftp(t: Target, c: paramiko.SSHClient) -> tuple[paramiko.Channel, paramiko.SFTPClient]:
+    """An SFTP client on a new session of connection `c` (paramiko's own errors; on one, the
+    session and its slot are given back). End it with `_end_sftp`."""
+    chan = _open_channel(t, c, t.command_timeout)
+    try:
+        chan.settimeout(t.command_timeout)
+        chan.invoke_subsystem("sftp")
+        return chan, paramiko.SFTPClient(chan)
+    except BaseException:
+        _close_channel(t, chan)
+        raise
+
+
+def _end_sftp(t: Target, chan: paramiko.Channel, sftp: paramiko.SFTPClient) -> None:
+    try:
         sftp.close()
+    finally:
         _close_channel(t, chan)
 
 
@@ -569,14 +580,7 @@ def _prefetch_command(t: Target, c: paramiko.SSHClient, command: str, timeout: f
 
 
 def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> dict:
-    chan = _open_channel(t, c, t.command_timeout)
-    try:
-        chan.settimeout(t.command_timeout)
-        chan.invoke_subsystem("sftp")
-        sftp = paramiko.SFTPClient(chan)
-    except BaseException:
-        _close_channel(t, chan)
-        raise
+    chan, sftp = _start_sftp(t, c)
     out: dict = {}
     try:
         for op in ops:
@@ -585,6 +589,5 @@ def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> d
             except Exception:  # noqa: BLE001 - left out: the real read makes it, and says why it fails
                 pass
     finally:
-        sftp.close()
-        _close_channel(t, chan)
+        _end_sftp(t, chan, sftp)
     return out
