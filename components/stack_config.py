@@ -76,7 +76,7 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 class _TooLarge(Exception):
-    pass
+    """A document refused before it is built: too large once expanded, or ambiguous."""
 
 
 def _expanded_size(root) -> int:
@@ -94,14 +94,23 @@ def _expanded_size(root) -> int:
         open_nodes.add(key)
         total = 1
         if isinstance(node, yaml.MappingNode):
+            seen: set = set()
             for k, v in node.value:
+                # PyYAML keeps the last of two equal keys, Pulumi's reader refuses the file: refused
+                # here too, so plan never shows a value the engine would not read.
+                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+                    if (k.tag, k.value) in seen:
+                        raise _TooLarge(f"writes the key {k.value[:100]!r} twice in one mapping "
+                                        f"(line {k.start_mark.line + 1}); keep one")
+                    seen.add((k.tag, k.value))
                 total += size(k) + size(v)
         elif isinstance(node, yaml.SequenceNode):
             for v in node.value:
                 total += size(v)
         open_nodes.discard(key)
         if total > MAX_VALUES:
-            raise _TooLarge(f"expands to more than {MAX_VALUES:,} values (YAML aliases are counted once per use)")
+            raise _TooLarge(f"expands to more than {MAX_VALUES:,} values (YAML aliases are counted once per use); "
+                            "write the values out, or share fewer of them by alias")
         sizes[key] = total
         return total
 
@@ -126,7 +135,7 @@ def read_yaml(path: Path) -> Any:
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 - a SafeLoader subclass
     except _TooLarge as exc:
-        raise ConfigError([SettingError(name, str(exc), "write the values out, or share fewer of them by alias")]) from None
+        raise ConfigError([SettingError(name, str(exc))]) from None
     except RecursionError:
         raise ConfigError([SettingError(name, "nests values too deeply to be settings")]) from None
     except yaml.YAMLError as exc:
@@ -221,7 +230,11 @@ def _put(raw: RawConfig, key: Any, value: Any, origin: str, errors: list[Setting
     if isinstance(key, str):
         ns, name = parse_key(key)
         if ns == NAMESPACE:
+            written = key
             key = f"{ns}:{name}"  # gpu-serving:config:x is gpu-serving:x (Pulumi's old form)
+            if raw.origin.get(key) == origin:
+                errors.append(SettingError(key, f"is written twice in {origin} (the second time as {written!r})", "keep one"))
+                return
     secure = _is_secure(value)
     if secure:
         raw.secret_keys.add(key)
@@ -258,8 +271,10 @@ def from_engine() -> RawConfig:
     values = {**runtime.get_config_env(), **runtime.CONFIG.get()}
     env_secrets = set(runtime.get_config_secret_keys_env())
     raw = RawConfig()
+    credentials = {f"{NAMESPACE}:{k}" for k in SECRET_KEYS}
     for key, value in values.items():
-        raw.values[key] = _decode(value)
+        # A credential is text as given (pulumi.Config.get_secret), never read as JSON.
+        raw.values[key] = value if key in credentials else _decode(value)
         raw.origin[key] = "the stack's config"
         if key in env_secrets or runtime.is_config_secret(key):
             raw.secret_keys.add(key)
