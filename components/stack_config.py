@@ -227,6 +227,12 @@ def from_files(project_dir: Path, stack: str) -> RawConfig:
 
 
 def _put(raw: RawConfig, key: Any, value: Any, origin: str, errors: list[SettingError]) -> None:
+    # Keys Pulumi itself cannot read are refused here, naming the file: the engine would stop on
+    # them before the program runs (`namespace_settings` says the same if one ever gets through).
+    problem = _key_problem(key, origin)
+    if problem:
+        errors.append(problem)
+        return
     if isinstance(key, str):
         ns, name = parse_key(key)
         if ns == NAMESPACE:
@@ -241,7 +247,9 @@ def _put(raw: RawConfig, key: Any, value: Any, origin: str, errors: list[Setting
         raw.values[key] = SECRET
     else:
         raw.secret_keys.discard(key)
-        raw.values[key] = _engine_form(value)
+        # A text value is read as the program reads it (JSON where it is JSON: "13.0" is 13.0).
+        credential = key in {f"{NAMESPACE}:{k}" for k in SECRET_KEYS}
+        raw.values[key] = _decode(value) if isinstance(value, str) and not credential else _engine_form(value)
     raw.origin[key] = origin
 
 
@@ -313,6 +321,17 @@ def _count_values(value: Any, limit: int) -> int:
     return count
 
 
+def _key_problem(key: Any, origin: str) -> SettingError | None:
+    if not isinstance(key, str):
+        return SettingError(f"{origin}: key {_key_text(key)}", f"is {_kind(key)}, not a setting name",
+                            f"settings are written {NAMESPACE}:<setting>, e.g. {NAMESPACE}:serving")
+    if not parse_key(key)[0]:
+        return SettingError(f"{origin}: key {key!r}"[:200], "is not a configuration key (Pulumi reads <namespace>:<name>)",
+                            f"write {NAMESPACE}:{key}" if key in CONFIG_KEYS or key in SECRET_KEYS
+                            else f"settings are {', '.join(NAMESPACE + ':' + s for s in CONFIG_KEYS)}")
+    return None
+
+
 def namespace_settings(raw: RawConfig, stack: str) -> tuple[dict[str, Any], list[str], list[SettingError]]:
     """(the gpu-serving settings by name, for `parse_settings`; the secret settings given; errors).
 
@@ -324,18 +343,11 @@ def namespace_settings(raw: RawConfig, stack: str) -> tuple[dict[str, Any], list
     written_as: dict[str, Any] = {}
     total = 0
     for key, value in raw.values.items():
-        if not isinstance(key, str):
-            errors.append(SettingError(f"{raw.origin.get(key, 'config')}: key {_key_text(key)}",
-                                       f"is {_kind(key)}, not a setting name",
-                                       f"settings are written {NAMESPACE}:<setting>, e.g. {NAMESPACE}:serving"))
+        problem = _key_problem(key, raw.origin.get(key, "config"))
+        if problem:
+            errors.append(problem)
             continue
         ns, name = parse_key(key)
-        if not ns:
-            errors.append(SettingError(f"{raw.origin.get(key, 'config')}: key {key!r}"[:200],
-                                       "is not a configuration key (Pulumi reads <namespace>:<name>)",
-                                       f"write {NAMESPACE}:{key}" if key in CONFIG_KEYS or key in SECRET_KEYS
-                                       else f"settings are {', '.join(NAMESPACE + ':' + s for s in CONFIG_KEYS)}"))
-            continue
         if ns != NAMESPACE:
             # Other packages' settings (pulumi:tags, ...) are not ours to judge; a namespace that
             # is a slip of ours would silently deploy the defaults instead.
@@ -357,7 +369,7 @@ def namespace_settings(raw: RawConfig, stack: str) -> tuple[dict[str, Any], list
                 errors.append(SettingError(
                     where, "is set in clear text: a credential must be a Pulumi secret (encrypted in the stack file, "
                     "hidden in the preview and the state)",
-                    f"remove it from {raw.origin.get(key, 'the stack file')} and run: "
+                    f"remove it from Pulumi.yaml / Pulumi.{stack}.yaml and run: "
                     f"pulumi config set --secret {where} --stack {stack}{source}"))
                 continue
             secrets.append(name)
