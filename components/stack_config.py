@@ -213,12 +213,9 @@ def from_files(project_dir: Path, stack: str) -> RawConfig:
     raw = RawConfig()
     errors: list[SettingError] = []
     for key, spec in _config_block(project_file, read_yaml(project_file)).items():
-        # Pulumi.yaml may leave out the namespace: the project's name is the namespace.
-        full = f"{NAMESPACE}:{key}" if isinstance(key, str) and ":" not in key else key
         is_set, value = _project_value(spec)
-        if not is_set:
-            continue
-        _put(raw, full, value, "Pulumi.yaml", errors)
+        if is_set:
+            _put(raw, key, value, "Pulumi.yaml", errors)
     for key, value in _config_block(stack_file, read_yaml(stack_file)).items():
         _put(raw, key, value, stack_file.name, errors)
     if errors:
@@ -296,7 +293,7 @@ def parse_key(key: str) -> tuple[str, str]:
     """(namespace, name) as Pulumi parses a config key; ("", "") when it is not one."""
     ns, sep, name = key.partition(":")
     if not sep:
-        return "", ""
+        return NAMESPACE, key  # no namespace: the project's name (gpu-serving) is the namespace
     if name.startswith("config:"):
         name = name[len("config:"):]
     if not ns or not name or ":" in name:
@@ -382,8 +379,9 @@ def namespace_settings(raw: RawConfig, stack: str) -> tuple[dict[str, Any], list
                 "secrets: this setting goes into the unit, the state and the preview in clear text",
                 f"set it without --secret; a credential goes to {NAMESPACE}:hfToken"))
             continue
-        if value is None:
-            errors.append(SettingError(where, "is empty (null)", "give its settings, or remove the key to use the defaults"))
+        if value is None or value == "":
+            # The engine hands a key left empty (null) to the program as "": the same refusal.
+            errors.append(SettingError(where, "is empty", "give its settings, or remove the key to use the defaults"))
             continue
         size = len(json.dumps(value, default=str))
         total += size
