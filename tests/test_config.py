@@ -4,6 +4,8 @@ import pytest
 from components.config import parse_settings
 from components.errors import ConfigError
 
+# A real ed25519 public key (generated for these tests; public, no secret).
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBk5Cd7Ad55IN5VS2Wro6PHRmPTvaG4gJLQZKW5EjmqI"
 BASE = {"model": {"profile": "kimi-k2.6"}, "strategy": {"tpSize": 8}}
 
 
@@ -35,7 +37,8 @@ def test_profile_numbers_and_override():
 
 def test_unknown_profile_lists_the_known_ones():
     errs = errors_of({"model": {"profile": "kimi-k3"}})
-    assert "built-in profiles" in errs["gpu-serving:model"] and "kimi-k2.6" in errs["gpu-serving:model"]
+    assert "built-in profiles" in errs["gpu-serving:model.profile"] and "kimi-k2.6" in errs["gpu-serving:model.profile"]
+    assert len(errs) == 1, errs  # not buried under "numLayers is required" and the like
 
 
 def test_model_without_name_or_profile():
@@ -119,5 +122,5 @@ def test_all_errors_reported_at_once():
 
 def test_valid_real_host():
     s = parse_settings("t", {**BASE, "host": {"address": "gpu-box-1.example.internal", "user": "ubuntu",
-                                              "hostKey": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHc0bWs3"}})
+                                              "hostKey": HOST_KEY}})
     assert not s.host.is_rehearsal
