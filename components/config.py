@@ -626,7 +626,7 @@ def _suggest(section: str, key: str) -> str:
     import difflib
     cls = HostEntry if section == HOSTS_KEY else SECTIONS[section]
     fields = [f.alias or n for n, f in cls.model_fields.items()]
-    close = difflib.get_close_matches(key, fields, n=1)
+    close = difflib.get_close_matches(key, fields, n=1) if len(key) <= MAX_NAME else []
     return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
 
 

@@ -73,12 +73,12 @@ def parse_topo(text: str) -> dict[str, object]:
     if header is None:
         raise FactError("nvidia-smi topo -m: no GPU header line")
     columns = [c.strip() for c in header.strip().split("\t") if c.strip()]
-    gpu_cols = [c for c in columns if re.fullmatch(r"GPU\d+", c)]
+    gpu_cols = [c for c in columns if re.fullmatch(r"GPU[0-9]+", c)]
     links: dict[str, dict[str, str]] = {}
     for line in lines:
         cells = line.split("\t")
         name = cells[0].strip()
-        if re.fullmatch(r"GPU\d+", name) and line is not header and len(cells) > len(gpu_cols):
+        if re.fullmatch(r"GPU[0-9]+", name) and line is not header and len(cells) > len(gpu_cols):
             links[name] = {gpu_cols[i]: cells[i + 1].strip() for i in range(len(gpu_cols))}
     pairs = [links[a][b] for a in links for b in links[a] if a != b]
     if not pairs:
@@ -94,7 +94,7 @@ def parse_topo(text: str) -> dict[str, object]:
 
 def parse_nvcc(text: str) -> Optional[str]:
     """Toolkit version ("13.0") from ``nvcc --version``; None when nvcc is absent."""
-    m = re.search(r"release (\d+\.\d+), V[0-9.]+", text)
+    m = re.search(r"release ([0-9]+\.[0-9]+), V[0-9.]+", text)
     return m.group(1) if m else None
 
 
