@@ -97,6 +97,10 @@ GRAMMAR_BACKENDS = ("xgrammar", "outlines", "llguidance", "none")
 
 def _bounded(value: str, limit: int, what: str) -> str:
     if len(value) > limit:
+        kind = secret_kind(value[:100_000], generic=False)
+        if kind:
+            # Pasted key material: say so without echoing a byte of it.
+            raise ValueError(f"holds a {len(value):,}-character {kind} (not shown), not a {what}: {_howto(kind)}")
         raise ValueError(f"is {len(value):,} characters long; a {what} has at most {limit:,}")
     return value
 
@@ -107,6 +111,10 @@ def _text(limit: int, what: str, pattern: re.Pattern | None = None, *checks):
 
     def check(value: str) -> str:
         _bounded(value, limit, what)
+        kind = secret_kind(value, generic=False)
+        if kind:
+            # A plain setting sits in clear text in the state, the preview and often the unit.
+            raise ValueError(f"holds {shown(value)}: {_howto(kind)}")
         if pattern is not None and not pattern.fullmatch(value):
             raise ValueError(f"{shown(value)} is not a valid {what}")
         for more in checks:
@@ -145,8 +153,7 @@ AbsPath = _text(MAX_PATH, "absolute path without spaces, quotes or shell charact
 def _key_file(value: str) -> str:
     if secret_kind(value):
         # Pasted key material: say so without echoing a byte of it.
-        raise ValueError(f"holds {shown(value)}, not a path: give the key file's path, or the key itself as a secret: "
-                         f"pulumi config set --secret {NAMESPACE}:sshPrivateKey < KEYFILE")
+        raise ValueError(f"holds {shown(value)}, not a path: {SSH_KEY_HOWTO}")
     if not KEY_FILE.fullmatch(value):
         raise ValueError(f"{shown(value)} is not a valid key file path (absolute or ~/..., no spaces or shell characters)")
     return _canonical(value) if value.startswith("/") else value
@@ -248,7 +255,13 @@ SECRET_FLAG_SUFFIXES = ("api-key", "access-key", "private-key", "secret-key")
 # What a refused credential should become instead.
 SECRET_HOWTO = ("a credential goes only as a Pulumi secret, into the 0600 environment file, never the "
                 "world-readable unit or the plain settings: pulumi config set --secret gpu-serving:hfToken "
-                "(the Hugging Face token, the one credential gpu-serving takes)")
+                "(the Hugging Face token, the one serving credential gpu-serving takes)")
+SSH_KEY_HOWTO = ("an SSH private key goes only as a Pulumi secret: "
+                 "pulumi config set --secret gpu-serving:sshPrivateKey < KEYFILE, or give the key file's path")
+
+
+def _howto(kind: str) -> str:
+    return SSH_KEY_HOWTO if "private key" in kind or "PEM" in kind else SECRET_HOWTO
 # apt source options that weaken signature checking.
 APT_SAFE_OPTIONS = {"signed-by", "arch"}
 # Secrets go into a double-quoted line of the 0600 EnvironmentFile: these would end or extend it.
@@ -277,11 +290,14 @@ def _env_value(value: str) -> str:
     _bounded(value, MAX_ENV_VALUE, "variable's value")
     kind = secret_kind(value, generic=False)
     if kind:
-        raise ValueError(f"holds {shown(value)}: {SECRET_HOWTO}")
+        raise ValueError(f"holds {shown(value)}: {_howto(kind)}")
     if not value.isprintable():
         raise ValueError(f"{shown(value)} contains a control character (a newline would add a line to the environment file)")
     if any(c in value for c in ENV_VALUE_FORBIDDEN):
         raise ValueError(f"{shown(value)} contains a quote, backslash, $ or backtick")
+    if not value.isascii():
+        raise ValueError(f"{shown(value)} contains non-ASCII characters (a lookalike digit or letter reaches the "
+                         "server as something else); environment values are ASCII")
     return value
 
 
@@ -302,7 +318,7 @@ def _extra_arg(arg: str) -> str:
     _bounded(arg, MAX_ARG, "command-line argument")
     kind = secret_kind(arg, generic=False)
     if kind:
-        raise ValueError(f"holds {shown(arg)}: {SECRET_HOWTO}")
+        raise ValueError(f"holds {shown(arg)}: {_howto(kind)}")
     if arg.startswith("-") and not NUMBER.fullmatch(arg):
         if not FLAG.fullmatch(arg):
             raise ValueError(f"{shown(arg)} is not a --long-flag (lower-case, digits, dashes; a negative number is a value)")
