@@ -53,10 +53,10 @@ def parse_query_gpu(text: str, fields: list[str] = GPU_FIELDS) -> list[Gpu]:
 def parse_smi_header(text: str) -> dict[str, str]:
     """Driver and CUDA (driver API) versions from the banner of plain ``nvidia-smi``."""
     out = {}
-    m = re.search(r"Driver Version:\s*([0-9.]+)", text)
+    m = re.search(r"Driver Version:\s*([0-9.]+)", text, re.ASCII)
     if m:
         out["driver_version"] = m.group(1)
-    m = re.search(r"CUDA Version:\s*([0-9.]+)", text)
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", text, re.ASCII)
     if m:
         out["cuda_version"] = m.group(1)
     return out
@@ -111,7 +111,7 @@ def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
     """``systemctl show -p A -p B unit1 unit2``: blocks separated by blank lines, one per unit,
     keyed by each block's ``Id``. Only Exec* values span lines, and we never ask for those."""
     units: dict[str, dict[str, str]] = {}
-    for block in re.split(r"\n\s*\n", text.strip()):
+    for block in re.split(r"\n\s*\n", text.strip(), flags=re.ASCII):
         props = {}
         for line in block.splitlines():
             key, sep, value = line.partition("=")
