@@ -9,7 +9,7 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .config import parse_settings
-from .plan import CheckedStack, ServingPlan, check_stack, load_stack_config, refusal
+from .plan import CheckedStack, ServingPlan, check_stack, load_stack_config
 from .stack_config import from_files
 
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
         except ConfigError as exc:
-            print(f"error: {refusal(exc)}", file=sys.stderr)
+            print(f"error: {exc}", file=sys.stderr)
             return 2
         for _, s in settings.per_host():
             if s.host.is_rehearsal:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         before = (check_stack(args.against, from_files(args.project_dir, args.against), args.project_dir).plans[0][1]
                   if args.against else None)
     except ConfigError as exc:
-        print(f"error: {refusal(exc)}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if before is not None:
         _print_switch(before, plan)

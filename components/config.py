@@ -5,9 +5,16 @@ Pulumi config keys (namespace ``gpu-serving``) map one-to-one to the models here
 are camelCase in YAML, as users write them. Per-field rules (types, ranges, safe characters)
 live here; rules that tie several settings together (world size, expert split, memory) live in
 `strategy` and `memory`.
+
+Every text setting is a `_text` type: a maximum length checked first (a 10 MB value gets a
+short refusal), then a pattern matched against the whole string (`re.fullmatch` with patterns
+anchored ``\\A...\\Z``: ``$`` alone would accept a trailing newline) with ASCII-only classes
+(``\\d`` would take ``١٣``). Messages quote values only through `errors.shown`.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import re
 from typing import Annotated, Any, Literal, Optional
@@ -15,6 +22,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -23,24 +31,59 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from .errors import ConfigError, SettingError
+from .errors import ConfigError, SettingError, secret_kind, shown
 from .profiles import PROFILES
 
 NAMESPACE = "gpu-serving"
 
+
+def _rx(body: str) -> re.Pattern:
+    """A whole-string, ASCII-only pattern: safe even where someone later calls .match."""
+    return re.compile(rf"\A(?:{body})\Z", re.ASCII)
+
+
 # Characters allowed in anything that ends up on a command line or in a unit file. Paths,
 # names and flag values never need shell or systemd metacharacters; refusing them here is what
 # lets the renderers and the remote layer stay simple and safe.
-SAFE_VALUE = re.compile(r"^[A-Za-z0-9_./:,+@=-]+$")
-SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+-]*$")
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-SAFE_SERVED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_./:-]{0,127}$")
-FLAG = re.compile(r"^--[a-z0-9]+(?:-[a-z0-9]+)*(?:=[A-Za-z0-9_./:,+@=-]+)?$")
-ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
-HOST_KEY = re.compile(r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|rsa-sha2-(256|512)) [A-Za-z0-9+/]+={0,2}$")
-PIP_SPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+$")
-CUDA_VERSION = re.compile(r"^\d{1,2}\.\d{1,2}$")
+SAFE_VALUE = _rx(r"[A-Za-z0-9_./:,+@=-]+")
+SAFE_PATH = _rx(r"/[A-Za-z0-9_./+-]*")
+SAFE_NAME = _rx(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+SAFE_SERVED_NAME = _rx(r"[A-Za-z0-9][A-Za-z0-9_./:-]{0,127}")
+FLAG = _rx(r"--[a-z0-9]+(?:-[a-z0-9]+)*(?:=[A-Za-z0-9_./:,+@=-]+)?")
+# A negative number is a value (--chunked-prefill-size -1), not a flag.
+NUMBER = _rx(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+ENV_KEY = _rx(r"[A-Za-z_][A-Za-z0-9_]*")
+HOSTNAME = _rx(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+# What an IPv6 zone may be: an interface name (Linux allows up to 15 bytes) or an index.
+IPV6_ZONE = _rx(r"[A-Za-z0-9_.-]{1,15}")
+HOST_KEY = _rx(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(?:256|384|521)|rsa-sha2-(?:256|512)) ([A-Za-z0-9+/]+={0,2})")
+PIP_SPEC = _rx(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?==[A-Za-z0-9.+!_-]+")
+CUDA_VERSION = _rx(r"[0-9]{1,2}\.[0-9]{1,2}")
+PYTHON_VERSION = _rx(r"3\.[0-9]{1,2}")
+USER = _rx(r"[a-z_][a-z0-9_-]{0,31}")
+STRATEGY_NAME = _rx(r"[a-z0-9][a-z0-9_-]{0,31}")
+UNIT_PREFIX = _rx(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+KEY_FILE = _rx(r"[~/][A-Za-z0-9_./+-]*")
+APT_PACKAGE = _rx(r"[a-z0-9][a-z0-9.+-]+(=[A-Za-z0-9.+~:-]+)?")
+SHA256 = _rx(r"[0-9a-f]{64}")
+# Free text shown in messages only (gpuModel): printable, no shell or systemd metacharacters.
+SAFE_TEXT = _rx(r"[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,127}")
+
+# Longest value of each kind (checked before any pattern); lists and maps are bounded too.
+MAX_NAME = 64
+MAX_SERVED_NAME = 128
+MAX_PATH = 1024
+MAX_ADDRESS = 253
+MAX_HOST_KEY = 8192
+MAX_ARG = 1024
+MAX_ARGS = 256
+MAX_ENV_KEY = 128
+MAX_ENV_VALUE = 4096
+MAX_ENV = 256
+MAX_PACKAGE = 256
+MAX_PACKAGES = 128
+MAX_CONFLICTS = 64
+MAX_APT_LINE = 1024
 
 # moe_a2a_backend values for which SGLang overwrites ep_size with tp_size
 # (server_args.py, _handle_a2a_moe); "none" keeps the declared ep_size.
@@ -52,29 +95,152 @@ ATTENTION_BACKENDS = (
 GRAMMAR_BACKENDS = ("xgrammar", "outlines", "llguidance", "none")
 
 
-def _matching(pattern: re.Pattern | str, what: str):
-    """A str type that must match `pattern`; the error says what was expected."""
-    pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
+def _bounded(value: str, limit: int, what: str) -> str:
+    if len(value) > limit:
+        kind = secret_kind(value[:100_000], generic=False)
+        if kind:
+            # Pasted key material: say so without echoing a byte of it.
+            raise ValueError(f"holds a {len(value):,}-character {kind} (not shown), not a {what}: {_howto(kind)}")
+        raise ValueError(f"is {len(value):,} characters long; a {what} has at most {limit:,}")
+    return value
+
+
+def _text(limit: int, what: str, pattern: re.Pattern | None = None, *checks):
+    """A str setting: at most `limit` characters, matching `pattern` whole, then `checks`.
+    Every text setting is one of these, so none is unbounded."""
 
     def check(value: str) -> str:
-        if not pattern.match(value):
-            raise ValueError(f"{value!r} is not a valid {what}")
+        _bounded(value, limit, what)
+        kind = secret_kind(value, generic=False)
+        if kind:
+            # A plain setting sits in clear text in the state, the preview and often the unit.
+            raise ValueError(f"holds {shown(value)}: {_howto(kind)}")
+        if pattern is not None and not pattern.fullmatch(value):
+            raise ValueError(f"{shown(value)} is not a valid {what}")
+        for more in checks:
+            value = more(value)
         return value
     return Annotated[str, AfterValidator(check)]
 
 
-Name = _matching(SAFE_NAME, "name (letters, digits, . _ -)")
+
+def canonical_path(value: str) -> str:
+    """The path `value` means, written without '.', '..', empty segments or a trailing '/'."""
+    parts: list[str] = []
+    for seg in value.split("/"):
+        if seg in ("", "."):
+            continue
+        if seg == "..":
+            if parts:
+                parts.pop()
+        else:
+            parts.append(seg)
+    return "/" + "/".join(parts)
 
 
-def _abs_path(value: str) -> str:
-    if not SAFE_PATH.match(value):
-        raise ValueError(f"{value!r} is not a valid absolute path without spaces, quotes or shell characters")
-    if ".." in value.split("/"):
-        raise ValueError(f"{value!r} contains a '..' segment: write the path it means")
+def _canonical(value: str) -> str:
+    # /usr/. or /usr//bin would slip past a list of system directories and mean another path.
+    if value != "/" and (value.endswith("/") or any(seg in ("", ".", "..") for seg in value.split("/")[1:])):
+        raise ValueError(f"{shown(value)} is not written in canonical form (no '.', '..' or empty segments, "
+                         f"no trailing '/'): write {shown(canonical_path(value))}")
     return value
 
 
-AbsPath = Annotated[str, AfterValidator(_abs_path)]
+Name = _text(MAX_NAME, "name (letters, digits, . _ -)", SAFE_NAME)
+AbsPath = _text(MAX_PATH, "absolute path without spaces, quotes or shell characters", SAFE_PATH, _canonical)
+
+
+def _key_file(value: str) -> str:
+    if secret_kind(value):
+        # Pasted key material: say so without echoing a byte of it.
+        raise ValueError(f"holds {shown(value)}, not a path: {SSH_KEY_HOWTO}")
+    if not KEY_FILE.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not a valid key file path (absolute or ~/..., no spaces or shell characters)")
+    return _canonical(value) if value.startswith("/") else value
+
+
+def _ssh_strings(blob: bytes) -> list[bytes]:
+    """An SSH wire-format key (RFC 4253 6.6): length-prefixed strings filling the blob exactly."""
+    out, i = [], 0
+    while i < len(blob):
+        if i + 4 > len(blob):
+            raise ValueError("cut short")
+        n = int.from_bytes(blob[i:i + 4], "big")
+        if n > len(blob) - i - 4:
+            raise ValueError("cut short")
+        out.append(blob[i + 4:i + 4 + n])
+        i += 4 + n
+    return out
+
+
+# Key type -> (type name inside the blob, number of strings, curve name).
+_KEY_SHAPES = {
+    "ssh-ed25519": ("ssh-ed25519", 2, None),
+    "ssh-rsa": ("ssh-rsa", 3, None),
+    "rsa-sha2-256": ("ssh-rsa", 3, None),
+    "rsa-sha2-512": ("ssh-rsa", 3, None),
+    "ecdsa-sha2-nistp256": ("ecdsa-sha2-nistp256", 3, b"nistp256"),
+    "ecdsa-sha2-nistp384": ("ecdsa-sha2-nistp384", 3, b"nistp384"),
+    "ecdsa-sha2-nistp521": ("ecdsa-sha2-nistp521", 3, b"nistp521"),
+}
+HOST_KEY_HELP = "an SSH public host key line like \"ssh-ed25519 AAAAC3Nza...\" (ssh-keyscan -t ed25519 HOST)"
+
+
+def _host_key(value: str) -> str:
+    """The key line must be a real key: base64 of an SSH key blob whose own type name is the
+    declared type. Checked here, so plan, preview and up refuse it before any SSH."""
+    m = HOST_KEY.fullmatch(value)
+    if not m:
+        raise ValueError(f"{shown(value)} is not {HOST_KEY_HELP}")
+    declared, data = m.groups()
+    try:
+        strings = _ssh_strings(base64.b64decode(data, validate=True))
+    except (binascii.Error, ValueError):
+        raise ValueError(f"the {declared} key's base64 does not decode to an SSH key (corrupt or cut short); "
+                         f"copy the whole line again from ssh-keyscan") from None
+    inner, count, curve = _KEY_SHAPES[declared]
+    if not strings or strings[0] != inner.encode():
+        found = shown(strings[0].decode("ascii", "replace")) if strings else "nothing"
+        raise ValueError(f"declares {declared} but the key inside is {found}; copy the whole line again from ssh-keyscan")
+    if (len(strings) != count or (declared == "ssh-ed25519" and len(strings[1]) != 32)
+            or (curve is not None and strings[1] != curve)):
+        raise ValueError(f"the {declared} key is malformed (wrong parts or sizes); copy the whole line again from ssh-keyscan")
+    return value
+
+
+def _address(value: str) -> str:
+    host, zone = value.partition("%")[0], value.partition("%")[2]
+    if "%" in value:
+        # A zone names the interface of a link-local IPv6 address; it reaches ssh's command
+        # line, so only an interface name's characters.
+        if not IPV6_ZONE.fullmatch(zone):
+            raise ValueError(f"the zone of {shown(value)} is not an interface name: after '%' only letters, digits, "
+                             "_ . - (at most 15), e.g. fe80::1%eth0")
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{shown(value)}: only an IPv6 address takes a %zone") from None
+        return value
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not HOSTNAME.fullmatch(value):
+        raise ValueError(f"{shown(value)} is neither an IP address nor a host name")
+    return value
+
+
+def _bind(value: str) -> str:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError(f"{shown(value)} is not an IP address to bind (use 0.0.0.0 or 127.0.0.1)") from None
+    if "%" in value:
+        raise ValueError(f"{shown(value)}: a scoped address (%zone) cannot be bound by the server; use 0.0.0.0 or ::")
+    return value
+
+
 # Directories of the operating system itself: a venv there would be created with --clear.
 SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/bin",
@@ -83,12 +249,97 @@ SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", 
 # never as plain config that would sit in the state and the preview in clear text.
 SECRET_ENV_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS")
 SECRET_ENV_SUFFIXES = ("_API_KEY", "_ACCESS_KEY", "_PRIVATE_KEY", "_SECRET_KEY")
+# Flags whose value is a credential (--api-key, --admin-api-key, --hf-token, ...).
+SECRET_FLAG_PARTS = ("token", "secret", "password", "passwd", "credentials")
+SECRET_FLAG_SUFFIXES = ("api-key", "access-key", "private-key", "secret-key")
+# What a refused credential should become instead.
+SECRET_HOWTO = ("a credential goes only as a Pulumi secret, into the 0600 environment file, never the "
+                "world-readable unit or the plain settings: pulumi config set --secret gpu-serving:hfToken "
+                "(the Hugging Face token, the one serving credential gpu-serving takes)")
+SSH_KEY_HOWTO = ("an SSH private key goes only as a Pulumi secret: "
+                 "pulumi config set --secret gpu-serving:sshPrivateKey < KEYFILE, or give the key file's path")
+
+
+def _howto(kind: str) -> str:
+    return SSH_KEY_HOWTO if "private key" in kind or "PEM" in kind else SECRET_HOWTO
 # apt source options that weaken signature checking.
 APT_SAFE_OPTIONS = {"signed-by", "arch"}
-# Free text shown in messages only (gpuModel): printable, no shell or systemd metacharacters.
-SAFE_TEXT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._()/+-]{0,127}$")
 # Secrets go into a double-quoted line of the 0600 EnvironmentFile: these would end or extend it.
 SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
+# Inside the EnvironmentFile's double quotes these would end the value, escape or expand.
+ENV_VALUE_FORBIDDEN = "\"\\$`'"
+
+
+def _secret_flag(flag: str) -> bool:
+    parts = flag.lstrip("-").split("-")
+    return any(p in SECRET_FLAG_PARTS for p in parts) or flag.endswith(SECRET_FLAG_SUFFIXES)
+
+
+def _env_key(key: str) -> str:
+    _bounded(key, MAX_ENV_KEY, "variable name")
+    if not ENV_KEY.fullmatch(key):
+        raise ValueError(f"{shown(key)} is not a valid variable name (letters, digits, _; not starting with a digit)")
+    parts = key.upper().split("_")
+    if any(p in SECRET_ENV_PARTS for p in parts) or key.upper().endswith(SECRET_ENV_SUFFIXES):
+        raise ValueError(f"{key} looks like a credential: plain settings end up in clear text in the state and the "
+                         f"preview; {SECRET_HOWTO}")
+    return key
+
+
+def _env_value(value: str) -> str:
+    _bounded(value, MAX_ENV_VALUE, "variable's value")
+    kind = secret_kind(value, generic=False)
+    if kind:
+        raise ValueError(f"holds {shown(value)}: {_howto(kind)}")
+    if not value.isprintable():
+        raise ValueError(f"{shown(value)} contains a control character (a newline would add a line to the environment file)")
+    if any(c in value for c in ENV_VALUE_FORBIDDEN):
+        raise ValueError(f"{shown(value)} contains a quote, backslash, $ or backtick")
+    if not value.isascii():
+        raise ValueError(f"{shown(value)} contains non-ASCII characters (a lookalike digit or letter reaches the "
+                         "server as something else); environment values are ASCII")
+    return value
+
+
+def _env_input(value):
+    # YAML turns NCCL_IB_DISABLE: 1 into an int; the environment is text.
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+EnvKey = Annotated[str, AfterValidator(_env_key)]
+EnvValue = Annotated[str, BeforeValidator(_env_input), AfterValidator(_env_value)]
+
+
+def _extra_arg(arg: str) -> str:
+    _bounded(arg, MAX_ARG, "command-line argument")
+    kind = secret_kind(arg, generic=False)
+    if kind:
+        raise ValueError(f"holds {shown(arg)}: {_howto(kind)}")
+    if arg.startswith("-") and not NUMBER.fullmatch(arg):
+        if not FLAG.fullmatch(arg):
+            raise ValueError(f"{shown(arg)} is not a --long-flag (lower-case, digits, dashes; a negative number is a value)")
+        if _secret_flag(arg.split("=", 1)[0]):
+            raise ValueError(f"{arg.split('=', 1)[0]} takes a credential: {SECRET_HOWTO}")
+    elif not SAFE_VALUE.fullmatch(arg):
+        raise ValueError(f"{shown(arg)} contains characters that are not allowed (spaces, quotes, control, shell or "
+                         "systemd metacharacters; letters, digits and _ . / : , + @ = - are)")
+    return arg
+
+
+ExtraArg = Annotated[str, AfterValidator(_extra_arg)]
+
+
+def _pip_spec(spec: str) -> str:
+    if not PIP_SPEC.fullmatch(spec):
+        raise ValueError(f"{shown(spec)} must be pinned as name==version (an unpinned one would make `up` non-repeatable)")
+    return spec
+
+
+PipSpec = _text(MAX_PACKAGE, "requirement", None, _pip_spec)
 
 
 def _is_numeric(annotation) -> bool:
@@ -131,36 +382,22 @@ class Settings(BaseModel):
 
 class HostSettings(Settings):
     # No address means the local rehearsal host named by `rehearsal` (python -m rehearsal up).
-    address: Optional[str] = None
+    address: Optional[_text(MAX_ADDRESS, "address", None, _address)] = None
     rehearsal: Name = "default"
     port: int = Field(22, ge=1, le=65535)
-    user: _matching(r"^[a-z_][a-z0-9_-]{0,31}$", "user name") = "root"
+    user: _text(32, "user name (lower-case letters, digits, _ -)", USER) = "root"
     gpu_count: int = Field(8, ge=1, le=64)
     gpu_memory_gb: float = Field(96, gt=0, le=1024)
-    gpu_model: _matching(SAFE_TEXT, "GPU model name (letters, digits, spaces, . _ ( ) / + -)") = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    gpu_model: _text(128, "GPU model name (letters, digits, spaces, . _ ( ) / + -)", SAFE_TEXT) = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     interconnect: Literal["pcie", "nvlink"] = "pcie"
-    # The pinned SSH host key ("ssh-ed25519 AAAA..."); required for a real host.
-    host_key: Optional[_matching(HOST_KEY, "SSH public host key (\"ssh-ed25519 AAAA...\")")] = None
+    # The pinned SSH host key ("ssh-ed25519 AAAA..."), checked to be a real key of that type;
+    # required for a real host.
+    host_key: Optional[_text(MAX_HOST_KEY, "SSH public host key", None, _host_key)] = None
     # Path on the operator's machine to the private key, when it is not given as the
     # secret `gpu-serving:sshPrivateKey`.
-    private_key_path: Optional[_matching(r"^[~/][A-Za-z0-9_./+-]*$", "key file path")] = None
+    private_key_path: Optional[_text(MAX_PATH, "key file path", None, _key_file)] = None
     connect_timeout_seconds: float = Field(15, gt=0, le=300)
     command_timeout_seconds: float = Field(600, gt=0, le=7200)
-
-    @field_validator("address")
-    @classmethod
-    def _address(cls, v):
-        if v is None:
-            return v
-        try:
-            ipaddress.ip_address(v)
-            return v
-        except ValueError:
-            pass
-        if not HOSTNAME.match(v):
-            raise ValueError(f"{v!r} is neither an IP address nor a host name")
-        return v
-
 
     @model_validator(mode="after")
     def _rehearsal_takes_no_connection_settings(self):
@@ -209,11 +446,17 @@ class HostEntry(HostSettings):
     name: Name
 
 
+def _profile(value: str) -> str:
+    if value not in PROFILES:
+        raise ValueError(f"unknown profile {shown(value)}; built-in profiles: {', '.join(sorted(PROFILES))}")
+    return value
+
+
 class ModelSettings(Settings):
-    profile: Optional[str] = None
+    profile: Optional[_text(MAX_NAME, "profile name", None, _profile)] = None
     name: Name
     path: Optional[AbsPath] = None  # default /models/<name>
-    served_name: Optional[_matching(SAFE_SERVED_NAME, "served model name (letters, digits, . _ - / :)")] = None
+    served_name: Optional[_text(MAX_SERVED_NAME, "served model name (letters, digits, . _ - / :)", SAFE_SERVED_NAME)] = None
     num_layers: int = Field(ge=1, le=1000)
     num_experts: int = Field(ge=0, le=100000)  # 0 = dense model
     moe_intermediate_size: int = Field(ge=0)
@@ -231,9 +474,11 @@ class ModelSettings(Settings):
     def _apply_profile(cls, data: Any):
         if isinstance(data, dict) and data.get("profile") is not None:
             profile = data["profile"]
-            if not isinstance(profile, str) or profile not in PROFILES:
-                raise ValueError(f"unknown profile {profile!r}; built-in profiles: {', '.join(sorted(PROFILES))}")
-            data = {**PROFILES[profile], **data}
+            # An unknown profile is refused by the field's own check (which names
+            # model.profile); the numbers of a known one stand in meanwhile, so the refusal is
+            # not buried under "numLayers is required" and the like.
+            known = profile if isinstance(profile, str) and profile in PROFILES else next(iter(PROFILES))
+            data = {**PROFILES[known], **data}
         return data
 
     @model_validator(mode="after")
@@ -251,7 +496,7 @@ class ModelSettings(Settings):
 
 class StrategySettings(Settings):
     # Defaults to the stack name (tp8, pp8, ep8, ...): it names the unit.
-    name: Optional[_matching(r"^[a-z0-9][a-z0-9_-]{0,31}$", "strategy name (lower-case letters, digits, _ -)")] = None
+    name: Optional[_text(32, "strategy name (lower-case letters, digits, _ -)", STRATEGY_NAME)] = None
     tp_size: int = Field(1, ge=1, le=64)
     pp_size: int = Field(1, ge=1, le=64)
     ep_size: int = Field(1, ge=1, le=64)
@@ -264,7 +509,7 @@ class StrategySettings(Settings):
 
 class ServingSettings(Settings):
     port: int = Field(30001, ge=1024, le=65535)
-    host: str = "0.0.0.0"
+    host: _text(64, "IP address to bind", None, _bind) = "0.0.0.0"
     mem_fraction_static: float = Field(0.88, gt=0, lt=1)
     context_length: int = Field(32768, ge=1, le=10_000_000)
     max_running_requests: Optional[int] = Field(64, ge=1, le=100_000)
@@ -272,88 +517,45 @@ class ServingSettings(Settings):
     grammar_backend: Optional[Literal[GRAMMAR_BACKENDS]] = "none"
     trust_remote_code: bool = True
     speculative_algorithm: Optional[Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]] = None
-    extra_args: list[str] = Field(default_factory=list)
+    # Each item is checked on its own, so a refusal names it (serving.extraArgs[3]).
+    extra_args: list[ExtraArg] = Field(default_factory=list, max_length=MAX_ARGS)
     # Written once, to the shared EnvironmentFile of every strategy unit of this model.
-    environment: dict[str, str] = Field(default_factory=dict)
-    unit_prefix: _matching(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", "unit name prefix (letters, digits, . _ -)") = "sglang"
+    environment: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
+    unit_prefix: _text(MAX_NAME, "unit name prefix (letters, digits, . _ -)", UNIT_PREFIX) = "sglang"
     environment_dir: AbsPath = "/etc/gpu-serving"
     # Strategy units this one must never run beside (systemd Conflicts=). Default: every
     # strategy that has a Pulumi.<strategy>.yaml in the project.
-    conflicts_with: Optional[list[Name]] = None
+    conflicts_with: Optional[list[Name]] = Field(None, max_length=MAX_CONFLICTS)
     restart_sec: int = Field(30, ge=1, le=3600)
     timeout_start_sec: int = Field(3600, ge=60, le=86400)
 
-    @field_validator("host")
-    @classmethod
-    def _bind(cls, v):
-        try:
-            ipaddress.ip_address(v)
-        except ValueError:
-            raise ValueError(f"{v!r} is not an IP address to bind (use 0.0.0.0 or 127.0.0.1)") from None
-        if "%" in v:
-            raise ValueError(f"{v!r}: a scoped address (%zone) cannot be bound by the server; use 0.0.0.0 or ::")
-        return v
 
-    @field_validator("environment", mode="before")
-    @classmethod
-    def _env_to_str(cls, v):
-        # YAML turns NCCL_IB_DISABLE: 1 into an int; the environment is text.
-        if isinstance(v, dict):
-            return {k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x for k, x in v.items()}
+def _apt_repository(v: str) -> str:
+    # The full line is parsed at preview (cuda.settings_problems); here what must never pass.
+    if v == "rehearsal":
         return v
-
-    @field_validator("environment")
-    @classmethod
-    def _env(cls, v: dict[str, str]):
-        for key, value in v.items():
-            if not ENV_KEY.match(key):
-                raise ValueError(f"environment key {key!r} is not a valid variable name")
-            if any(c in value for c in "\n\r\0\"\\$`'"):
-                raise ValueError(f"environment {key}: value contains a newline, quote, backslash, $ or backtick")
-            parts = key.upper().split("_")
-            if any(p in SECRET_ENV_PARTS for p in parts) or key.upper().endswith(SECRET_ENV_SUFFIXES):
-                raise ValueError(f"environment {key} looks like a credential: plain settings end up in clear text in the "
-                                 "state and the preview; give it as a secret (gpu-serving:hfToken for HF_TOKEN)")
-        return v
-
-
-    @field_validator("extra_args")
-    @classmethod
-    def _extra(cls, v: list[str]):
-        for i, arg in enumerate(v):
-            if arg.startswith("-"):
-                if not FLAG.match(arg):
-                    raise ValueError(f"extraArgs[{i}] {arg!r} is not a --long-flag (lower-case, digits, dashes)")
-            elif not SAFE_VALUE.match(arg):
-                raise ValueError(f"extraArgs[{i}] {arg!r} contains characters that are not allowed (spaces, quotes, shell or systemd metacharacters)")
-        return v
+    if not v.isprintable() or any(c in v for c in "\"'`$;|&<>\\"):
+        raise ValueError(f"{shown(v)} contains a control character, quote, $, backtick or shell metacharacter; "
+                         "an apt source is one line 'deb [signed-by=/path] URI SUITE'")
+    if not v.isascii():
+        raise ValueError(f"{shown(v)} contains non-ASCII characters; an apt source is one line 'deb [signed-by=/path] URI SUITE'")
+    options = re.search(r"\[([^\]]*)\]", v)
+    for option in (options.group(1).split() if options else []):
+        if option.split("=", 1)[0] not in APT_SAFE_OPTIONS:
+            raise ValueError(f"apt option {shown(option)} is not allowed (it would weaken or bypass the signature check); "
+                             f"only {', '.join(sorted(APT_SAFE_OPTIONS))}")
+    return v
 
 
 class CudaSettings(Settings):
-    version: _matching(CUDA_VERSION, "CUDA version like 13.0") = "13.0"
+    version: _text(5, "CUDA version like 13.0 (ASCII digits)", CUDA_VERSION) = "13.0"
     home: Optional[AbsPath] = None  # default /usr/local/cuda-<version>
     # apt: NVIDIA's apt repository (pinned keyring); verify: the host comes with CUDA, only check it.
     install: Literal["apt", "verify"] = "apt"
-    apt_package: Optional[_matching(r"^[a-z0-9][a-z0-9.+-]+(=[A-Za-z0-9.+~:-]+)?$", "Debian package name")] = None  # default cuda-toolkit-<major>-<minor>
-    apt_repository: Optional[str] = None  # "deb [signed-by=...] URL /" line; default NVIDIA's
-    keyring_sha256: Optional[_matching(r"^[0-9a-f]{64}$", "sha256 hex digest")] = None
-
-
-    @field_validator("apt_repository")
-    @classmethod
-    def _apt(cls, v):
-        # The full line is parsed at preview (cuda.settings_problems); here what must never pass.
-        if v is None or v == "rehearsal":
-            return v
-        if any(c in v for c in "\n\r\0\"'`$;|&<>\\"):
-            raise ValueError(f"{v!r} contains a newline, quote, $, backtick or shell metacharacter; "
-                             "an apt source is one line 'deb [signed-by=/path] URI SUITE'")
-        options = re.search(r"\[([^\]]*)\]", v)
-        for option in (options.group(1).split() if options else []):
-            if option.split("=", 1)[0] not in APT_SAFE_OPTIONS:
-                raise ValueError(f"apt option {option!r} is not allowed (it would weaken or bypass the signature check); "
-                                 f"only {', '.join(sorted(APT_SAFE_OPTIONS))}")
-        return v
+    apt_package: Optional[_text(128, "Debian package name", APT_PACKAGE)] = None  # default cuda-toolkit-<major>-<minor>
+    # "deb [signed-by=...] URL /" line; default NVIDIA's
+    apt_repository: Optional[_text(MAX_APT_LINE, "apt source line", None, _apt_repository)] = None
+    keyring_sha256: Optional[_text(64, "sha256 hex digest", SHA256)] = None
 
     @model_validator(mode="after")
     def _defaults(self):
@@ -368,36 +570,30 @@ class CudaSettings(Settings):
         return int(self.version.split(".")[0])
 
 
+def _not_system(v: str) -> str:
+    if v in SYSTEM_DIRS:
+        raise ValueError(f"{shown(v)} is a system directory; a venv needs its own, e.g. /root/venv_sglang211 or /opt/sglang/venv")
+    return v
+
+
+def _wheelhouse(v: str) -> str:
+    if not v or not v.isprintable():
+        raise ValueError("must be a local directory of wheels (no control characters), or 'rehearsal'")
+    return v
+
+
 class VenvSettings(Settings):
-    path: AbsPath = "/root/venv_sglang211"
-    python: _matching(r"^3\.\d{1,2}$", "Python version like 3.11") = "3.11"
+    path: _text(MAX_PATH, "absolute path without spaces, quotes or shell characters", SAFE_PATH, _canonical, _not_system) = "/root/venv_sglang211"
+    python: _text(5, "Python version like 3.11 (ASCII digits)", PYTHON_VERSION) = "3.11"
     # Pinned pip requirements ("name==version"); an unpinned one would make `up` non-repeatable.
-    packages: list[str] = Field(default_factory=lambda: ["sglang[all]==0.5.23"])
+    packages: list[PipSpec] = Field(default_factory=lambda: ["sglang[all]==0.5.23"], max_length=MAX_PACKAGES)
     # Local directory of wheels pushed to the host and installed with --no-index (offline
     # hosts); "rehearsal" builds the rehearsal engine's wheel.
-    wheelhouse: Optional[str] = None
-
-
-    @field_validator("path")
-    @classmethod
-    def _not_system(cls, v):
-        if (v.rstrip("/") or "/") in SYSTEM_DIRS:
-            raise ValueError(f"{v!r} is a system directory; a venv needs its own, e.g. /root/venv_sglang211 or /opt/sglang/venv")
-        return v
-
-    @field_validator("wheelhouse")
-    @classmethod
-    def _wheelhouse(cls, v):
-        if v is not None and (not v or any(ord(c) < 32 for c in v)):
-            raise ValueError("must be a local directory of wheels (no control characters), or 'rehearsal'")
-        return v
+    wheelhouse: Optional[_text(MAX_PATH, "wheel directory", None, _wheelhouse)] = None
 
     @field_validator("packages")
     @classmethod
     def _pins(cls, v):
-        for i, spec in enumerate(v):
-            if not PIP_SPEC.match(spec):
-                raise ValueError(f"packages[{i}] {spec!r} must be pinned as name==version")
         if not v:
             raise ValueError("at least one package (the serving engine) is needed")
         return v
@@ -464,7 +660,10 @@ CONFIG_KEYS = (*SECTIONS, HOSTS_KEY)
 def _loc(section: str, loc: tuple) -> str:
     path = f"{NAMESPACE}:{section}"
     for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+        if part == "[key]":
+            path += " (the name)"  # pydantic's mark for a map's key: the key itself is refused
+        else:
+            path += f"[{part}]" if isinstance(part, int) else f".{part}"
     return path
 
 
@@ -472,7 +671,7 @@ def _suggest(section: str, key: str) -> str:
     import difflib
     cls = HostEntry if section == HOSTS_KEY else SECTIONS[section]
     fields = [f.alias or n for n, f in cls.model_fields.items()]
-    close = difflib.get_close_matches(key, fields, n=1)
+    close = difflib.get_close_matches(key, fields, n=1) if len(key) <= MAX_NAME else []
     return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Optional
 import pulumi
 from pulumi.dynamic import Resource
 
-from .errors import ConfigError, SettingError
+from .errors import ConfigError, SettingError, shown
 from .facts import parse_nvcc, parse_os_release, split_sections
 
 if TYPE_CHECKING:  # not imported at run time: the providers import this module (and pydantic
@@ -59,7 +59,7 @@ NVIDIA_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 INSTALL_TIMEOUT = 3600
 
 _OPTION = r"[a-z][a-z-]*=[A-Za-z0-9_./:,+-]+"
-APT_LINE = re.compile(rf"^deb \[({_OPTION}(?: {_OPTION})*)\] ((?:https?|file):[A-Za-z0-9_./:~+-]+) ([A-Za-z0-9_./-]+)((?: [a-z0-9_-]+)*)$")
+APT_LINE = re.compile(rf"\Adeb \[({_OPTION}(?: {_OPTION})*)\] ((?:https?|file):[A-Za-z0-9_./:~+-]+) ([A-Za-z0-9_./-]+)((?: [a-z0-9_-]+)*)\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -91,21 +91,21 @@ class AptSource:
 def parse_apt_line(line: str) -> AptSource:
     """A one-line apt source with a ``signed-by=`` keyring; ValueError says what is wrong."""
     line = line.strip()
-    m = APT_LINE.match(line)
+    m = APT_LINE.fullmatch(line)
     if not m:
-        raise ValueError(f"{line!r} is not a one-line apt source like "
+        raise ValueError(f"{shown(line)} is not a one-line apt source like "
                          f"'deb [signed-by={NVIDIA_KEYRING}] {NVIDIA_REPOS}/debian12/x86_64/ /' "
                          "(only letters, digits and . _ / : , + - ~ are allowed)")
     options = dict(o.split("=", 1) for o in m.group(1).split())
     if not options.get("signed-by", "").startswith("/"):
-        raise ValueError(f"{line!r} names no signed-by=/path keyring: the keyring is what is pinned")
+        raise ValueError(f"{shown(line)} names no signed-by=/path keyring: the keyring is what is pinned")
     return AptSource(uri=m.group(2), suite=m.group(3), options=options, components=tuple(m.group(4).split()))
 
 
 def nvidia_repository(os_release: dict, dpkg_arch: str) -> AptSource:
     """NVIDIA's repository for the host's distribution (debian12, ubuntu2404, ...)."""
     os_id, version_id = os_release.get("ID", ""), os_release.get("VERSION_ID", "")
-    if os_id not in ("debian", "ubuntu") or not re.fullmatch(r"\d+(\.\d+)?", version_id):
+    if os_id not in ("debian", "ubuntu") or not re.fullmatch(r"[0-9]+(\.[0-9]+)?", version_id):
         raise ValueError(f"NVIDIA's CUDA apt repositories are for Debian and Ubuntu; the host runs "
                          f"{os_release.get('PRETTY_NAME') or os_id or 'an unknown system'}: set cuda.install: verify "
                          "and install CUDA another way, or set cuda.aptRepository")
@@ -178,7 +178,7 @@ def _clean(section: str) -> str:
 def parse_cuda_probe(text: str) -> CudaObserved:
     s = split_sections(text)
     nvcc = _clean(s.get("nvcc", ""))
-    release = re.search(r"release \d+\.\d+, V([0-9.]+)", nvcc)
+    release = re.search(r"release [0-9]+\.[0-9]+, V([0-9.]+)", nvcc)
     status, _, version = _clean(s.get("package", "")).partition(" ")
     owners: list[str] = []
     for line in _clean(s.get("owner", "")).splitlines():

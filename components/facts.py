@@ -53,10 +53,10 @@ def parse_query_gpu(text: str, fields: list[str] = GPU_FIELDS) -> list[Gpu]:
 def parse_smi_header(text: str) -> dict[str, str]:
     """Driver and CUDA (driver API) versions from the banner of plain ``nvidia-smi``."""
     out = {}
-    m = re.search(r"Driver Version:\s*([0-9.]+)", text)
+    m = re.search(r"Driver Version:\s*([0-9.]+)", text, re.ASCII)
     if m:
         out["driver_version"] = m.group(1)
-    m = re.search(r"CUDA Version:\s*([0-9.]+)", text)
+    m = re.search(r"CUDA Version:\s*([0-9.]+)", text, re.ASCII)
     if m:
         out["cuda_version"] = m.group(1)
     return out
@@ -73,12 +73,12 @@ def parse_topo(text: str) -> dict[str, object]:
     if header is None:
         raise FactError("nvidia-smi topo -m: no GPU header line")
     columns = [c.strip() for c in header.strip().split("\t") if c.strip()]
-    gpu_cols = [c for c in columns if re.fullmatch(r"GPU\d+", c)]
+    gpu_cols = [c for c in columns if re.fullmatch(r"GPU[0-9]+", c)]
     links: dict[str, dict[str, str]] = {}
     for line in lines:
         cells = line.split("\t")
         name = cells[0].strip()
-        if re.fullmatch(r"GPU\d+", name) and line is not header and len(cells) > len(gpu_cols):
+        if re.fullmatch(r"GPU[0-9]+", name) and line is not header and len(cells) > len(gpu_cols):
             links[name] = {gpu_cols[i]: cells[i + 1].strip() for i in range(len(gpu_cols))}
     pairs = [links[a][b] for a in links for b in links[a] if a != b]
     if not pairs:
@@ -94,7 +94,7 @@ def parse_topo(text: str) -> dict[str, object]:
 
 def parse_nvcc(text: str) -> Optional[str]:
     """Toolkit version ("13.0") from ``nvcc --version``; None when nvcc is absent."""
-    m = re.search(r"release (\d+\.\d+), V[0-9.]+", text)
+    m = re.search(r"release ([0-9]+\.[0-9]+), V[0-9.]+", text)
     return m.group(1) if m else None
 
 
@@ -111,7 +111,7 @@ def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
     """``systemctl show -p A -p B unit1 unit2``: blocks separated by blank lines, one per unit,
     keyed by each block's ``Id``. Only Exec* values span lines, and we never ask for those."""
     units: dict[str, dict[str, str]] = {}
-    for block in re.split(r"\n\s*\n", text.strip()):
+    for block in re.split(r"\n\s*\n", text.strip(), flags=re.ASCII):
         props = {}
         for line in block.splitlines():
             key, sep, value = line.partition("=")

@@ -182,27 +182,3 @@ def same_machine_as_default(settings: StackSettings) -> list[str]:
             for i, h in enumerate(settings.hosts) if h.machine == settings.host.machine]
 
 
-# At most this much of a refusal is printed: every problem is named, but a file of a thousand bad
-# entries must not print a thousand lines (issue 13.8).
-MAX_PROBLEMS_SHOWN = 20
-MAX_MESSAGE_CHARS = 8000
-MAX_PROBLEM_CHARS = 300
-
-
-def refusal(exc: ConfigError) -> str:
-    """The text `plan` prints and the program raises for a refused configuration: the same for
-    both, bounded in problems, in characters a problem and in all."""
-    def line(e: SettingError) -> str:
-        text = str(e)
-        return text if len(text) <= MAX_PROBLEM_CHARS else text[:MAX_PROBLEM_CHARS] + "... (cut)"
-
-    head = "invalid configuration" + (f" for {exc.context}" if exc.context else "")
-    if len(exc.errors) == 1:
-        text = f"{head}: {line(exc.errors[0])}"
-    else:
-        text = "\n".join([f"{head} ({len(exc.errors)} problems):"] + [f"  - {line(e)}" for e in exc.errors[:MAX_PROBLEMS_SHOWN]])
-        if len(exc.errors) > MAX_PROBLEMS_SHOWN:
-            text += f"\n  ... and {len(exc.errors) - MAX_PROBLEMS_SHOWN} more (fix these first)"
-    if len(text) > MAX_MESSAGE_CHARS:
-        text = text[:MAX_MESSAGE_CHARS] + f"\n  ... (cut at {MAX_MESSAGE_CHARS} characters)"
-    return text

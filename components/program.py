@@ -12,7 +12,7 @@ from .cuda import CudaToolkit
 from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
-from .plan import ServingPlan, check_stack, refusal
+from .plan import ServingPlan, check_stack
 from .stack_config import from_engine
 from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
@@ -49,7 +49,7 @@ def run() -> None:
         checked = check_stack(stack, from_engine(), Path(os.getcwd()))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
-        raise pulumi.RunError(refusal(exc)) from None
+        raise pulumi.RunError(str(exc)) from None
     settings, plans = checked.settings, checked.plans
     for warning in checked.warnings:
         pulumi.log.warn(warning)

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from .config import A2A_BACKENDS, NAMESPACE, StackSettings
-from .errors import SettingError
+from .errors import SettingError, shown
 
 S = f"{NAMESPACE}:strategy"
 SERVING = f"{NAMESPACE}:serving"
@@ -216,21 +216,21 @@ def check_extra_args(args: list[str]) -> list[SettingError]:
 
 
 # systemd's unit name rules (unit_name_is_valid): these characters, at most 255 bytes.
-UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+$")
+UNIT_NAME = re.compile(r"\A[A-Za-z0-9:_.\\-]+\Z", re.ASCII)
 UNIT_NAME_MAX = 255
-STACK_STRATEGY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+STACK_STRATEGY = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9_.-]{0,99}\Z", re.ASCII)
 
 
 def check_unit_name(settings: StackSettings) -> list[SettingError]:
     """The unit name is built from unitPrefix, model.name and the strategy (strategy.name or the
     stack name); systemd must accept it as it is, since it is also an argument to systemctl."""
     name = settings.strategy_name
-    if settings.strategy.name is None and not STACK_STRATEGY.match(name):
-        return [SettingError(f"{S}.name", f"the stack name {name!r} cannot name a systemd unit",
+    if settings.strategy.name is None and not STACK_STRATEGY.fullmatch(name):
+        return [SettingError(f"{S}.name", f"the stack name {shown(name)} cannot name a systemd unit",
                              "set strategy.name (lower-case letters, digits, _ -)")]
     unit = f"{settings.serving.unit_prefix}-{settings.model.name}-{name}.service"
-    if len(unit) > UNIT_NAME_MAX or not UNIT_NAME.match(unit):
-        return [SettingError(f"{SERVING}.unitPrefix", f"the unit name {unit[:80]!r}... is not one systemd accepts "
+    if len(unit) > UNIT_NAME_MAX or not UNIT_NAME.fullmatch(unit):
+        return [SettingError(f"{SERVING}.unitPrefix", f"the unit name {shown(unit)} is not one systemd accepts "
                              f"(at most {UNIT_NAME_MAX} characters of letters, digits, : _ . -)",
                              "shorten serving.unitPrefix, model.name or strategy.name")]
     return []

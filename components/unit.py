@@ -10,10 +10,70 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .config import StackSettings
+from .config import ENV_KEY, NAMESPACE, StackSettings
+from .errors import ConfigError, SettingError, shown
 
 # Values that systemd's command-line splitting passes through untouched.
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@=-]+$")
+_PLAIN = re.compile(r"\A[A-Za-z0-9_./:,+@=-]+\Z", re.ASCII)
+# Unit names and paths written bare into a unit line (Conflicts=, EnvironmentFile=, Description=):
+# no space (it would split the list), no quote, backslash, % or $, no leading - (optional file).
+_BARE = re.compile(r"\A[A-Za-z0-9_./:@+][A-Za-z0-9_./:@+-]*\Z", re.ASCII)
+# Characters that would end, escape or expand a double-quoted EnvironmentFile value.
+_ENV_UNSAFE = "\"\\$`'"
+
+
+# ---------------------------------------------------------------------------------------------
+# The rendering-time guard. Every value written into a unit, the environment file or the
+# ExecStart command line passes here, whatever validated it before: a setting added later, or a
+# settings object built without validation, still cannot add a line, continue one, or have
+# systemd expand a specifier in it.
+
+def _refuse(where: str, rule: str, fix: str = "") -> None:
+    raise ConfigError([SettingError(where, rule, fix)], "the rendered unit")
+
+
+def _one_line(where: str, value: str, *, secret: bool = False) -> str:
+    if not isinstance(value, str):
+        _refuse(where, f"must be text to be written to the unit (got {type(value).__name__})")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        what = f"a {len(value):,}-character secret" if secret else shown(value)
+        _refuse(where, f"{what} contains a control character ({ascii(bad)}): it would add or break a line of the "
+                       "unit or environment file", "remove it")
+    return value
+
+
+def _bare(where: str, value: str) -> str:
+    _one_line(where, value)
+    if not _BARE.fullmatch(value):
+        _refuse(where, f"{shown(value)} cannot be written bare into a unit line (letters, digits, _ . / : @ + -, "
+                       "not starting with -)")
+    return value
+
+
+def check_argv(words: list[tuple[str, str]]) -> list[str]:
+    """ExecStart's words, each with the setting it comes from: one line each (no control
+    character); `systemd_quote` then escapes what systemd would split, unquote or expand."""
+    for where, word in words:
+        _one_line(where, word)
+    if not words or not words[0][1].startswith("/"):
+        # A leading @ - : + ! would change how systemd runs the command.
+        _refuse(words[0][0] if words else "ExecStart", "the program must be an absolute path")
+    return [w for _, w in words]
+
+
+def _check_emitted(lines: list[str], what: str, *, specifiers: bool = True) -> None:
+    """The net under everything: each emitted line is one printable line; every % and $ is
+    escaped (doubled) where systemd expands them (`specifiers`: a unit, not an environment
+    file); no line continues into the next except ExecStart's own."""
+    for n, line in enumerate(lines, 1):
+        body = line[:-2] if line.endswith(" \\") and (line.startswith(("ExecStart=", "    "))) else line
+        if not body.isprintable() and body != "":
+            _refuse(f"{what}, line {n}", "contains a control character")
+        if specifiers and ("%" in body.replace("%%", "") or "$" in body.replace("$$", "")):
+            _refuse(f"{what}, line {n}", "contains a % specifier or $ variable systemd would expand")
+        if body.endswith("\\"):
+            _refuse(f"{what}, line {n}", "ends with a backslash (systemd would join the next line to it)")
 
 
 def systemd_quote(arg: str) -> str:
@@ -21,9 +81,10 @@ def systemd_quote(arg: str) -> str:
 
     Validation already limits arguments to plain characters; this keeps rendering correct for
     anything else: systemd splits on whitespace, honours double quotes and backslashes, expands
-    ``$VAR`` and ``%`` specifiers, so those are escaped.
+    ``$VAR`` and ``%`` specifiers, so those are escaped. Control characters are refused by
+    `check_argv`, never quoted.
     """
-    if _PLAIN.match(arg):
+    if _PLAIN.fullmatch(arg):
         return arg
     escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
     return f'"{escaped}"'
@@ -58,39 +119,64 @@ def environment(settings: StackSettings) -> dict[str, str]:
 
 def render_environment(env: dict[str, str], secrets: dict[str, str] | None = None) -> str:
     """EnvironmentFile text. Secret values (e.g. HF_TOKEN) are added here and only here; the
-    file is written 0600 on the host."""
+    file is written 0600 on the host. Every key and value passes the guard: one line each,
+    nothing systemd would unquote or expand; a secret's value is never quoted in a refusal."""
     lines = ["# Managed by gpu-serving: shared by every strategy unit of this model.",
              "# Hand edits are drift (pulumi preview --refresh --expect-no-changes shows them)."]
     for key, value in {**env, **(secrets or {})}.items():
-        lines.append(f'{key}="{value}"' if value == "" or not _PLAIN.match(value) else f"{key}={value}")
+        secret = key in (secrets or {})
+        where = f"{NAMESPACE}:hfToken" if secret and key == "HF_TOKEN" else f"environment variable {shown(key)}"
+        if not isinstance(key, str) or not ENV_KEY.fullmatch(key):
+            _refuse(f"environment variable {shown(key)}", "is not a valid variable name (letters, digits, _)")
+        _one_line(where, value, secret=secret)
+        if any(c in value for c in _ENV_UNSAFE):
+            what = f"the {len(value):,}-character secret" if secret else shown(value)
+            _refuse(where, f"{what} contains a quote, backslash, $ or backtick (it would end, escape or expand the "
+                           "environment file's value)")
+        lines.append(f'{key}="{value}"' if value == "" or not _PLAIN.fullmatch(value) else f"{key}={value}")
+    _check_emitted([line for line in lines if not line.startswith("#")], "the environment file", specifiers=False)
     return "\n".join(lines) + "\n"
 
 
-def exec_start(settings: StackSettings) -> list[str]:
-    """The argv of ExecStart: the engine with canonical ``--*-size`` flags and every setting."""
+def _argv(settings: StackSettings) -> list[tuple[str, str]]:
+    """ExecStart's words, each with the setting it comes from (named in a refusal)."""
     s, m, v = settings.serving, settings.model, settings.strategy
-    argv = [f"{settings.venv.path}/bin/python", "-m", "sglang.launch_server",
-            "--model-path", m.path, "--served-model-name", m.served_name,
-            "--tp-size", str(v.tp_size), "--pp-size", str(v.pp_size),
-            "--ep-size", str(v.ep_size), "--dp-size", str(v.dp_size)]
+    S, M, V = f"{NAMESPACE}:serving", f"{NAMESPACE}:model", f"{NAMESPACE}:strategy"
+    words: list[tuple[str, str]] = []
+
+    def add(where: str, *items: str) -> None:
+        words.extend((where, item) for item in items)
+    add(f"{NAMESPACE}:venv.path", f"{settings.venv.path}/bin/python")
+    add("ExecStart", "-m", "sglang.launch_server")
+    add(f"{M}.path", "--model-path", m.path)
+    add(f"{M}.servedName", "--served-model-name", m.served_name)
+    add(V, "--tp-size", str(v.tp_size), "--pp-size", str(v.pp_size), "--ep-size", str(v.ep_size), "--dp-size", str(v.dp_size))
     if v.enable_dp_attention:
-        argv.append("--enable-dp-attention")
+        add(f"{V}.enableDpAttention", "--enable-dp-attention")
     if v.moe_a2a_backend != "none":
-        argv += ["--moe-a2a-backend", v.moe_a2a_backend]
-    argv += ["--mem-fraction-static", f"{s.mem_fraction_static:g}", "--context-length", str(s.context_length)]
+        add(f"{V}.moeA2aBackend", "--moe-a2a-backend", v.moe_a2a_backend)
+    add(S, "--mem-fraction-static", f"{s.mem_fraction_static:g}", "--context-length", str(s.context_length))
     if s.max_running_requests is not None:
-        argv += ["--max-running-requests", str(s.max_running_requests)]
+        add(f"{S}.maxRunningRequests", "--max-running-requests", str(s.max_running_requests))
     if s.attention_backend:
-        argv += ["--attention-backend", s.attention_backend]
+        add(f"{S}.attentionBackend", "--attention-backend", s.attention_backend)
     if s.grammar_backend:
-        argv += ["--grammar-backend", s.grammar_backend]
+        add(f"{S}.grammarBackend", "--grammar-backend", s.grammar_backend)
     if s.trust_remote_code:
-        argv.append("--trust-remote-code")
+        add(f"{S}.trustRemoteCode", "--trust-remote-code")
     if s.speculative_algorithm:
-        argv += ["--speculative-algorithm", s.speculative_algorithm]
-    argv += ["--host", s.host, "--port", str(s.port)]
-    argv += list(s.extra_args)
-    return argv
+        add(f"{S}.speculativeAlgorithm", "--speculative-algorithm", s.speculative_algorithm)
+    add(f"{S}.host", "--host", s.host)
+    add(f"{S}.port", "--port", str(s.port))
+    for i, arg in enumerate(s.extra_args):
+        add(f"{S}.extraArgs[{i}]", arg)
+    return words
+
+
+def exec_start(settings: StackSettings) -> list[str]:
+    """The argv of ExecStart: the engine with canonical ``--*-size`` flags and every setting,
+    each word through the rendering guard."""
+    return check_argv(_argv(settings))
 
 
 def _exec_lines(argv: list[str]) -> list[str]:
@@ -125,6 +211,13 @@ def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
     argv = exec_start(settings)
     s = settings.serving
     layout = settings.strategy
+    # Every value written bare into a unit line, named by where it comes from.
+    _bare(f"{NAMESPACE}:model.servedName", settings.model.served_name)
+    _bare(f"{NAMESPACE}:strategy.name", settings.strategy_name)
+    _bare("the stack name", settings.stack)
+    _bare(f"{NAMESPACE}:serving.environmentDir", environment_path(settings))
+    for unit in [name, *conflicts]:
+        _bare(f"{NAMESPACE}:serving.conflictsWith", unit)
     lines = [
         f"# Managed by gpu-serving (stack {settings.stack}); hand edits are drift.",
         "[Unit]",
@@ -164,4 +257,5 @@ def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
         "[Install]",
         "WantedBy=multi-user.target",
     ]
+    _check_emitted(lines, f"the unit {shown(name)}")
     return RenderedUnit(name, "\n".join(lines) + "\n", argv, conflicts, environment_path(settings))

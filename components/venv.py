@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Optional
 import pulumi
 from pulumi.dynamic import Resource
 
-from .errors import ConfigError, SettingError
+from .errors import ConfigError, SettingError, shown
 from .facts import split_sections
 
 if TYPE_CHECKING:  # not imported at run time: the providers import this module (and pydantic
@@ -44,7 +44,7 @@ INSTALL_TIMEOUT = 3600
 # Outputs of the venv resource that are not inputs (left out of the inputs a read reports).
 OUTPUT_KEYS = ("installed", "pythonPath", "declaredPackages")
 
-REQUIREMENT = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)$")
+REQUIREMENT = re.compile(r"\A([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._-]+\])?==([A-Za-z0-9.+!_-]+)\Z", re.ASCII)
 
 
 def normalize(name: str) -> str:
@@ -54,9 +54,9 @@ def normalize(name: str) -> str:
 
 def parse_requirement(spec: str) -> tuple[str, str, str]:
     """``name[extras]==version`` -> (name, "[extras]" or "", version)."""
-    m = REQUIREMENT.match(spec)
+    m = REQUIREMENT.fullmatch(spec)
     if not m:
-        raise ValueError(f"{spec!r} is not pinned as name==version")
+        raise ValueError(f"{shown(spec)} is not pinned as name==version")
     return m.group(1), m.group(2) or "", m.group(3)
 
 
@@ -136,7 +136,7 @@ def parse_venv_probe(text: str) -> VenvObserved:
     if state != "venv":
         return VenvObserved(state=state)
     py = s.get("python", "").strip()  # a failed interpreter leaves its error and "@@rc=N" here
-    python = py if re.fullmatch(r"\d+\.\d+\.\d+", py) else None
+    python = py if re.fullmatch(r"[0-9]+\.[0-9]+\.[0-9]+", py) else None
     pip = s.get("pip", "")
     packages, pip_ok = {}, False
     if python and "@@rc=" not in pip:

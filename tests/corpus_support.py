@@ -30,6 +30,16 @@ def cases() -> list[tuple[str, dict]]:
     return [(f.stem, yaml.safe_load(f.read_text())) for f in sorted(CORPUS.glob("*.yaml"))]
 
 
+def refused_cases() -> list[tuple[str, dict]]:
+    """The invalid configurations: every case but the `accept: true` ones."""
+    return [(n, c) for n, c in cases() if not c.get("accept")]
+
+
+def accepted_cases() -> list[tuple[str, dict]]:
+    """overrefusal-*: ordinary settings a check once refused (`accept: true`)."""
+    return [(n, c) for n, c in cases() if c.get("accept")]
+
+
 def stack_of(case: dict) -> str:
     return case.get("stack", "bad")
 

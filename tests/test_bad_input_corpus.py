@@ -16,6 +16,7 @@ a fixed script, and has a timeout).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,7 @@ def refused_by_plan(case: dict, base: Path) -> list[SettingError]:
     return []
 
 
-@pytest.mark.parametrize("name,case", corpus(), ids=[n for n, _ in corpus()])
+@pytest.mark.parametrize("name,case", CS.refused_cases(), ids=[n for n, _ in CS.refused_cases()])
 def test_invalid_configuration_is_refused_naming_the_setting(name, case, tmp_path):
     errors = refused_by_plan(case, tmp_path)
     assert errors, f"{name}: accepted, but {case['why']}"
@@ -83,26 +84,44 @@ def test_invalid_configuration_is_refused_naming_the_setting(name, case, tmp_pat
     naming = [e for e in errors if e.setting == expected["setting"]]
     assert naming, f"{name}: no error names {expected['setting']}; got: " + "; ".join(map(str, errors))
     assert any(expected["contains"] in str(e) for e in naming), f"{name}: " + "; ".join(map(str, naming))
+    text = str(ConfigError(errors))
     for key in ("hfToken", "sshPrivateKey"):
         secret = (case.get("config") or {}).get(key)
         if isinstance(secret, str):
             # A secret's value is never part of the message that refuses it.
             assert all(secret not in str(e) and secret.split("\n")[0] not in str(e) for e in errors)
+    for fragment in expected.get("not_shown", []):
+        assert fragment not in text, f"{name}: the message quotes {fragment!r}: {text}"
+    # One line per problem, bounded, nothing that would move the cursor or add a line.
+    assert len(text) < 4000 and all(line.isprintable() for line in text.splitlines()), text[:4000]
     H.refused(name)
+
+
+@pytest.mark.parametrize("name,case", CS.accepted_cases(), ids=[n for n, _ in CS.accepted_cases()])
+def test_ordinary_configuration_is_accepted(name, case, tmp_path):
+    errors = refused_by_plan(case, tmp_path)
+    assert not errors, f"{name}: refused, but {case['why']}: " + "; ".join(map(str, errors))
+
+
+# Classes of hostile input of issue 13: several cases each, each from its own angle.
+ISSUE_13_KINDS = ("inject-", "lookalike-", "secret-echo-", "bound-", "hostkey-", "overrefusal-")
 
 
 def test_corpus_covers_what_issue_8_lists():
     names = [n for n, _ in corpus()]
     assert len(names) >= 40
     for kind in ("arith-", "memory-", "port-", "path-", "served-name-", "env-", "secret-", "unit-", "extra-",
-                 "type-", "missing-"):
-        assert sum(n.startswith(kind) for n in names) >= 2, kind
+                 "type-", "missing-", "inject-", "lookalike-", "secret-echo-", "bound-", "hostkey-", "overrefusal-"):
+        assert sum(n.startswith(kind) for n in names) >= 3 if kind in ISSUE_13_KINDS else 2, kind
     for shell in (";", "$(", "\n", "'", '"', " "):
         assert any(shell in yaml.safe_dump(c["config"]) or shell in str(c["config"]) for _, c in corpus()), shell
 
 
 # Strings that must never reach a command line or a unit file.
-HOSTILE = ["a b", "a;b", "$(id)", "`id`", "a\nb", "a'b", 'a"b', "a\\b", "%h", "a|b", "a&b", "a>b"]
+HOSTILE = ["a b", "a;b", "$(id)", "`id`", "a\nb", "a'b", 'a"b', "a\\b", "%h", "a|b", "a&b", "a>b",
+           # issue 13: a trailing newline passed every ^...$ pattern; other control characters;
+           # digits that are not ASCII; ${} expansion.
+           "a\n", "a\r", "a\tb", "a\0", "\x1b[2Ja", "a\u2028b", "\u0661\u0663", "a${HOME}"]
 # Settings that are text but never reach the host: where they go instead.
 NOT_SENT = {
     ("venv", "wheelhouse"): "a directory on the operator's machine; the host gets the wheels by SFTP into a fixed directory",
@@ -242,3 +261,207 @@ def _enclosing(tree, target) -> str:
                         best = inner.name
                 return best
     return ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 13: every string setting, fed every class of hostile text, is refused by name
+
+# A real ed25519 public key (generated for these tests; a public key, no secret).
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBk5Cd7Ad55IN5VS2Wro6PHRmPTvaG4gJLQZKW5EjmqI"
+# One valid value per text setting: each hostile variant is made from it, and the valid value
+# itself must pass (so a refusal is the hostile part's doing). A new text setting must be added
+# here: test_every_text_setting_has_a_valid_value says so.
+VALID = {
+    ("host", "address"): "10.0.0.11", ("host", "rehearsal"): "default", ("host", "user"): "ubuntu",
+    ("host", "gpuModel"): "NVIDIA H200", ("host", "interconnect"): "nvlink", ("host", "hostKey"): HOST_KEY,
+    ("host", "privateKeyPath"): "/root/.ssh/id_ed25519",
+    ("model", "profile"): "kimi-k2.6", ("model", "name"): "kimi-k2.6", ("model", "path"): "/models/kimi-k2.6",
+    ("model", "servedName"): "kimi-k2.6",
+    ("strategy", "name"): "tp8", ("strategy", "moeA2aBackend"): "none",
+    ("serving", "host"): "0.0.0.0", ("serving", "attentionBackend"): "fa3", ("serving", "grammarBackend"): "xgrammar",
+    ("serving", "speculativeAlgorithm"): "EAGLE", ("serving", "unitPrefix"): "sglang",
+    ("serving", "environmentDir"): "/etc/gpu-serving",
+    ("cuda", "version"): "13.0", ("cuda", "home"): "/usr/local/cuda-13.0", ("cuda", "install"): "verify",
+    ("cuda", "aptPackage"): "cuda-toolkit-13-0", ("cuda", "keyringSha256"): "0" * 64,
+    ("cuda", "aptRepository"): "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
+    ("venv", "path"): "/root/venv_sglang211", ("venv", "python"): "3.12", ("venv", "wheelhouse"): "/srv/wheels",
+}
+# Text in lists and maps: the item each variant replaces, and the setting the refusal names.
+LIST_VALID = {("serving", "extraArgs"): ["--log-level", "info"], ("serving", "conflictsWith"): ["pp8"],
+              ("venv", "packages"): ["sglang[all]==0.5.23"]}
+# A lookalike is fine where the text never leaves the operator's machine (see NOT_SENT).
+LOOKALIKE_OK = set(NOT_SENT)
+# Above every field's own bound and below the 64 KB a whole setting may take (stack_config's
+# MAX_VALUE_BYTES refuses a bigger one by its section, see test_a_10_mb_value_yields_a_short_message).
+OVERSIZED = 40_000
+
+
+def _text_annotation(annotation) -> bool:
+    import typing
+    text = str(annotation)
+    return "str" in text or "Literal[" in text or any(_text_annotation(a) for a in typing.get_args(annotation))
+
+
+def _all_text_settings() -> set[tuple[str, str]]:
+    out = set()
+    for section, cls in SECTIONS.items():
+        for name, f in cls.model_fields.items():
+            if _text_annotation(f.annotation):
+                out.add((section, f.alias or name))
+    return out
+
+
+def test_every_text_setting_has_a_valid_value():
+    known = set(VALID) | set(LIST_VALID) | {("serving", "environment")}
+    assert _all_text_settings() == known, _all_text_settings() ^ known
+
+
+def _lookalike(value: str) -> str:
+    """`value` with its first ASCII digit replaced by the Arabic-Indic one (or one added)."""
+    for i, c in enumerate(value):
+        if c.isdigit():
+            return value[:i] + chr(0x0660 + int(c)) + value[i + 1:]
+    return value + "\u0663"
+
+
+def hostile_variants(valid: str) -> dict[str, str]:
+    return {
+        "trailing newline": valid + "\n", "carriage return": valid + "\r", "tab": valid[:1] + "\t" + valid[1:],
+        "NUL": valid + "\0", "escape sequence": "\x1b[2J" + valid, "line separator": valid + "\u2028x",
+        "lookalike digit": _lookalike(valid), "oversized": valid + "a" * OVERSIZED,
+    }
+
+
+def _with(base: dict, section: str, key: str, value) -> dict:
+    config = {**base, section: {**(base.get(section) or {}), key: value}}
+    if section == "model":
+        config["model"] = {"profile": "kimi-k2.6", key: value} if key != "profile" else {"profile": value}
+    return config
+
+
+def _assert_named_refusal(config: dict, setting: str, label: str):
+    errors = validate("tp8", config)  # any exception but ConfigError fails the test: no traceback
+    naming = [e for e in errors if e.setting == setting or e.setting.startswith(setting + ".")
+              or e.setting.startswith(setting + "[") or e.setting.startswith(setting + " (")]
+    assert naming, f"{setting} accepted the {label} variant; errors: " + "; ".join(map(str, errors))[:500]
+    text = str(ConfigError(errors))
+    assert len(text) < 4000, f"{setting} {label}: a {len(text):,}-character message"
+    assert all(line.isprintable() for line in text.splitlines()), f"{setting} {label}: {text!r}"[:500]
+    H.refused(f"generated: {setting} {label}")
+
+
+@pytest.mark.parametrize("section,key", sorted(VALID), ids=lambda x: x)
+def test_every_text_setting_refuses_each_class_of_hostile_text_by_name(section, key):
+    base = project_config()
+    setting = f"gpu-serving:{section}.{key}"
+    valid = VALID[(section, key)]
+    assert not [e for e in validate("tp8", _with(base, section, key, valid)) if e.setting.startswith(setting)]
+    for label, value in hostile_variants(valid).items():
+        if label == "lookalike digit" and (section, key) in LOOKALIKE_OK:
+            continue
+        _assert_named_refusal(_with(base, section, key, value), setting, label)
+
+
+@pytest.mark.parametrize("section,key", sorted(LIST_VALID), ids=lambda x: x)
+def test_every_list_item_refuses_each_class_of_hostile_text_by_name(section, key):
+    base = project_config()
+    items = LIST_VALID[(section, key)]
+    assert not [e for e in validate("tp8", _with(base, section, key, items)) if e.setting.startswith(f"gpu-serving:{section}.{key}")]
+    for i, item in enumerate(items):
+        for label, value in hostile_variants(item).items():
+            hostile = [*items[:i], value, *items[i + 1:]]
+            _assert_named_refusal(_with(base, section, key, hostile), f"gpu-serving:{section}.{key}[{i}]", label)
+
+
+def test_environment_keys_and_values_refuse_each_class_of_hostile_text_by_name():
+    base = project_config()
+    where = "gpu-serving:serving.environment"
+    assert not validate("tp8", _with(base, "serving", "environment", {"NCCL_DEBUG": "INFO1"}))
+    for label, value in hostile_variants("NCCL_DEBUG1").items():
+        _assert_named_refusal(_with(base, "serving", "environment", {value: "INFO"}), where, f"key {label}")
+    for label, value in hostile_variants("INFO1").items():
+        _assert_named_refusal(_with(base, "serving", "environment", {"NCCL_DEBUG": value}), f"{where}.NCCL_DEBUG", f"value {label}")
+
+
+FLEET_VALID = {"name": "gpu1", "address": "10.0.0.11", "user": "ubuntu", "rehearsal": "default", "hostKey": HOST_KEY,
+               "privateKeyPath": "/root/.ssh/id_ed25519", "gpuModel": "NVIDIA H200", "interconnect": "pcie"}
+
+
+def test_fleet_entries_text_settings_are_all_covered():
+    from components.config import HostEntry
+    text = {f.alias or n for n, f in HostEntry.model_fields.items() if _text_annotation(f.annotation)}
+    assert text == set(FLEET_VALID), text ^ set(FLEET_VALID)
+
+
+@pytest.mark.parametrize("key", sorted(FLEET_VALID))
+def test_every_fleet_entry_setting_refuses_each_class_of_hostile_text_by_name(key):
+    base = project_config()
+    entry = {"name": "gpu1", "address": "10.0.0.11", "hostKey": HOST_KEY}
+    assert not validate("tp8", {**base, "hosts": [{**entry, key: FLEET_VALID[key]}]})
+    for label, value in hostile_variants(FLEET_VALID[key]).items():
+        _assert_named_refusal({**base, "hosts": [{**entry, key: value}]}, f"gpu-serving:hosts[0].{key}", label)
+
+
+def test_a_10_mb_value_yields_a_short_message():
+    base = project_config()
+    errors = validate("tp8", _with(base, "model", "servedName", "k" * 10_000_000))
+    text = str(ConfigError(errors))
+    # Refused by the size of the whole setting before its fields are read: named, and short.
+    assert [e for e in errors if e.setting in ("gpu-serving:model", "gpu-serving:model.servedName")], text[:2000]
+    assert len(text) < 1000 and "10,000,0" in text, text[:2000]
+
+
+def test_many_problems_yield_a_bounded_message():
+    base = project_config()
+    env = {f"BAD KEY {i}": "x" for i in range(200)}
+    errors = validate("tp8", {**base, "serving": {**base["serving"], "environment": env}})
+    assert len(errors) == 200
+    text = str(ConfigError(errors))
+    assert len(text) < 20_000 and "more" in text.splitlines()[-1], text[-500:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Every pattern in components/: whole-string and ASCII-only
+
+COMPONENTS = ROOT / "components"
+_RE_FUNCS = {"compile", "match", "fullmatch", "search", "sub", "subn", "findall", "finditer", "split"}
+
+
+def _pattern_calls():
+    for path in sorted(COMPONENTS.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _RE_FUNCS
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args):
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    source = first.value
+                elif isinstance(first, ast.JoinedStr):
+                    source = "".join(v.value for v in first.values if isinstance(v, ast.Constant))
+                else:
+                    continue
+                yield f"{path.relative_to(ROOT)}:{node.lineno}", source, node
+
+
+def test_every_pattern_matches_whole_strings_in_ascii():
+    """`$` matches before a trailing newline, so a `^...$` pattern accepts "value\\n"; `\\d`
+    matches any script's digits. Patterns end in \\Z (or are searches that anchor nothing) and
+    use explicit ASCII classes, or re.ASCII."""
+    problems = []
+    for where, source, node in _pattern_calls():
+        if source.endswith("$") and not source.endswith("\\$"):
+            problems.append(f"{where}: ends in $ (use \\Z and fullmatch)")
+        if re.search(r"\\[dwsb]", source, re.IGNORECASE):
+            flags = ast.unparse(node)
+            if "ASCII" not in flags:
+                problems.append(f"{where}: \\d, \\w, \\s or \\b without re.ASCII")
+    assert not problems, "\n".join(problems)
+    assert sum(1 for _ in _pattern_calls()) > 20  # the audit sees the patterns
+
+
+def test_a_trailing_newline_never_matches_a_settings_pattern():
+    import components.config as config
+    patterns = [v for v in vars(config).values() if isinstance(v, re.Pattern)]
+    assert len(patterns) > 15
+    for p in patterns:
+        assert p.pattern.startswith("\\A") and p.pattern.endswith("\\Z") and p.flags & re.ASCII, p.pattern

@@ -58,7 +58,7 @@ def program_refusal(project: Path, stack: str, config: dict, secret_keys: list[s
     return str(info.value), [r for r in rec.resources if r[0].startswith(("gpu-serving:", "pulumi-python:"))]
 
 
-@pytest.mark.parametrize("name,case", CS.cases(), ids=[n for n, _ in CS.cases()])
+@pytest.mark.parametrize("name,case", CS.refused_cases(), ids=[n for n, _ in CS.refused_cases()])
 def test_plan_and_program_refuse_with_the_same_message(name, case, tmp_path, capsys):
     project = CS.write_project(tmp_path, case)
     stack = CS.stack_of(case)

@@ -88,3 +88,99 @@ def test_systemd_quote(arg, quoted):
 def test_secret_values_only_in_environment_file_text():
     text = render_environment({"A": "1"}, {"HF_TOKEN": "hf_secret value"})
     assert 'HF_TOKEN="hf_secret value"' in text
+
+
+# ---------------------------------------------------------------------------------------------
+# The rendering guard (issue 13): whatever reaches the renderers, hostile text never becomes a
+# unit line. The settings here bypass validation (model_copy does not validate), as a future
+# setting without a check, or a settings object built in code, would.
+
+from components.errors import ConfigError  # noqa: E402
+from components.unit import render_unit  # noqa: E402
+
+
+def _valid():
+    return parse_settings("tp8", {"model": {"profile": "kimi-k2.6"}, "strategy": {"tpSize": 8}})
+
+
+def _bypassing(section: str, **values):
+    s = _valid()
+    return s.model_copy(update={section: getattr(s, section).model_copy(update=values)})
+
+
+def _refusal(fn, *args) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        fn(*args)
+    text = str(info.value)
+    assert all(line.isprintable() for line in text.splitlines()) and len(text) < 2000, text[:2000]
+    return info.value
+
+
+@pytest.mark.parametrize("section,values,setting", [
+    ("serving", {"extra_args": ["--log-level", "info\nExecStartPre=/usr/bin/touch /tmp/pwned"]}, "gpu-serving:serving.extraArgs[1]"),
+    ("serving", {"extra_args": ["--log-level", "info\r"]}, "gpu-serving:serving.extraArgs[1]"),
+    ("serving", {"extra_args": ["--x", "a\0b"]}, "gpu-serving:serving.extraArgs[1]"),
+    ("model", {"path": "/models/k\n--tp-size 1"}, "gpu-serving:model.path"),
+    ("model", {"served_name": "kimi\x1b[2J"}, "gpu-serving:model.servedName"),
+    ("model", {"served_name": "kimi%n"}, "gpu-serving:model.servedName"),  # Description= expands specifiers
+    ("model", {"served_name": "kimi\\"}, "gpu-serving:model.servedName"),  # would join the next line
+    ("venv", {"path": "/root/venv\n"}, "gpu-serving:venv.path"),
+    ("venv", {"path": "-/root/venv"}, "gpu-serving:venv.path"),  # ExecStart's - prefix
+    ("serving", {"host": "0.0.0.0\n"}, "gpu-serving:serving.host"),
+    ("serving", {"environment_dir": "-/etc/x"}, "gpu-serving:serving.environmentDir"),
+    ("serving", {"environment_dir": "/etc/x y"}, "gpu-serving:serving.environmentDir"),
+    ("strategy", {"name": "tp8\nExecStartPre=/bin/id"}, "gpu-serving:strategy.name"),
+])
+def test_render_unit_refuses_hostile_text_that_bypassed_validation(section, values, setting):
+    err = _refusal(render_unit, _bypassing(section, **values), [])
+    assert [e.setting for e in err.errors] == [setting], err
+
+
+def test_render_unit_refuses_a_hostile_sibling_name():
+    err = _refusal(render_unit, _valid(), ["pp8\nExecStartPre=/bin/id"])
+    assert err.errors[0].setting == "gpu-serving:serving.conflictsWith"
+
+
+def test_render_unit_escapes_what_systemd_would_expand_in_exec_start():
+    # Not refused at render time: quoted and escaped, so systemd passes it through literally.
+    unit = render_unit(_bypassing("serving", extra_args=["--x", "%h$HOME${PATH} a\"b\\"]), [])
+    assert '"%%h$$HOME$${PATH} a\\"b\\\\"' in unit.text
+    assert unit.exec_start[-1] == "%h$HOME${PATH} a\"b\\"
+
+
+@pytest.mark.parametrize("env,secrets,setting", [
+    ({"A": "x\nLD_PRELOAD=/tmp/x.so"}, None, "environment variable 'A'"),
+    ({"A": "x\r"}, None, "environment variable 'A'"),
+    ({"A": "${PATH}"}, None, "environment variable 'A'"),
+    ({"A": 'x"'}, None, "environment variable 'A'"),
+    ({"A\nB": "1"}, None, "environment variable 'A\\nB'"),
+    ({"1A": "1"}, None, "environment variable '1A'"),
+    ({}, {"HF_TOKEN": "hf_Q7xkT2mP9vL4nR8sW3yZ\nLD_PRELOAD=/x.so"}, "gpu-serving:hfToken"),
+    ({}, {"HF_TOKEN": "short\"secret"}, "gpu-serving:hfToken"),
+])
+def test_render_environment_refuses_hostile_text(env, secrets, setting):
+    err = _refusal(render_environment, env, secrets)
+    assert err.errors[0].setting == setting, err
+    for value in (secrets or {}).values():
+        # A secret's value, or any piece of it, is never in the refusal.
+        assert value.split("\n")[0] not in str(err) and value.split('"')[0] not in str(err)
+
+
+def test_render_environment_refuses_derived_paths_from_hostile_settings():
+    s = _bypassing("cuda", home="/usr/local/cuda\nLD_PRELOAD=/tmp/x.so")
+    from components.unit import environment
+    err = _refusal(render_environment, environment(s))
+    assert "CUDA_HOME" in err.errors[0].setting
+
+
+def test_build_plan_refuses_hostile_text_that_bypassed_validation():
+    err = _refusal(build_plan, _bypassing("serving", extra_args=["--log-level", "info\n"]), [])
+    assert any(e.setting.startswith("gpu-serving:serving.extraArgs") for e in err.errors)
+
+
+def test_the_emitted_line_check_catches_what_no_value_check_saw():
+    from components.unit import _check_emitted
+    for line in ("Description=a%hb", "ExecStart=/x $HOME", "Description=x\\", "Description=a\x1bb"):
+        with pytest.raises(ConfigError):
+            _check_emitted(["[Unit]", line], "the unit x")
+    _check_emitted(["ExecStart=/x \\", '    "%%h" "$$HOME"'], "the unit x")

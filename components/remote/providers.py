@@ -303,7 +303,7 @@ class ServiceProvider(ResourceProvider):
         out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30,
                       check=False, read=True)
         import re
-        for pid in sorted(set(re.findall(r"pid=(\d+)", out.stdout))):
+        for pid in sorted(set(re.findall(r"pid=([0-9]+)", out.stdout))):
             cg = ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30, check=False,
                          read=True).stdout
             if not any(u in cg for u in ours):
