@@ -2,7 +2,10 @@
 
 `load_stack_config` reads Pulumi.yaml and Pulumi.<stack>.yaml the way Pulumi does (project
 values first, a stack value replaces the project value of the same key), so
-``python -m components plan`` shows offline exactly what ``pulumi preview`` will deploy.
+``python -m components plan`` shows offline exactly what ``pulumi preview`` will deploy. One
+exception, on both paths (`merge_serving`): a stack's `gpu-serving:serving` is merged over the
+project's, key by key and `environment` variable by variable, so a stack file states only what
+differs and never drops the project's NCCL settings by setting its own.
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from .config import NAMESPACE, StackSettings, parse_settings
 from .errors import ConfigError, SettingError
 from .memory import MemoryPlan, plan_memory
 from .strategy import Layout, check_strategy, layout_of
-from .unit import RenderedUnit, environment, render_environment, render_unit
+from .unit import RenderedUnit, environment, render_environment, render_unit, unit_environment
 
 # Keys of the long form of a project-level config value in Pulumi.yaml.
 _SCHEMA_KEYS = {"type", "description", "default", "value", "secret", "items"}
@@ -28,9 +31,10 @@ class ServingPlan:
     layout: Layout
     memory: MemoryPlan
     unit: RenderedUnit
+    # The strategy's whole environment, and the project's part of it: the shared file's.
     environment: dict[str, str]
+    shared_environment: dict[str, str]
     environment_text: str
-    siblings: list[str]
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -62,36 +66,53 @@ class ServingPlan:
         }
 
 
-def build_plan(settings: StackSettings, siblings: list[str]) -> ServingPlan:
-    """Check every rule and render; raises `ConfigError` with all problems found."""
+def shared_variable_errors(settings: StackSettings, project_environment: dict[str, str]) -> list[SettingError]:
+    """A stack that gives a project-level variable another value would change the shared file
+    under every other strategy (and a failed switch would leave its value to the one rolled back
+    to): refused, naming the variable and both values."""
+    mine = settings.serving.environment
+    return [SettingError(f"{NAMESPACE}:serving.environment.{key}",
+                         f"Pulumi.yaml sets {value!r} for every strategy (the units share {settings.serving.environment_dir}/"
+                         f"{settings.model.name}.env); this stack's {mine[key]!r} would change it under the others",
+                         "set the variable in each Pulumi.<stack>.yaml instead of Pulumi.yaml, or leave it out of this stack")
+            for key, value in sorted(project_environment.items()) if key in mine and mine[key] != value]
+
+
+def build_plan(settings: StackSettings, project_environment: dict[str, str] | None = None) -> ServingPlan:
+    """Check every rule and render; raises `ConfigError` with all problems found.
+
+    `project_environment`: the variables Pulumi.yaml sets (`project_environment`), which go to
+    the shared file; the rest of the strategy's environment goes to its unit. None: all of
+    `serving.environment` is the project's (settings without a project around them)."""
+    shared = dict(settings.serving.environment if project_environment is None else project_environment)
     errors: list[SettingError] = check_strategy(settings)
+    errors += shared_variable_errors(settings, shared)
     memory, memory_errors = plan_memory(settings)
     errors += memory_errors
     if errors:
         raise ConfigError(errors, f"stack {settings.stack}")
-    configured = settings.serving.conflicts_with
-    siblings = sorted(set(configured if configured is not None else siblings) - {settings.strategy_name})
     env = environment(settings)
+    shared = {k: env[k] for k in sorted(shared) if k in env}
     return ServingPlan(
         settings=settings,
         layout=layout_of(settings),
         memory=memory,
-        unit=render_unit(settings, siblings),
+        unit=render_unit(settings, settings.serving.conflicts_with, unit_environment(env, shared)),
         environment=env,
-        environment_text=render_environment(env),
-        siblings=siblings,
+        shared_environment=shared,
+        environment_text=render_environment(shared),
         warnings=list(memory.warnings),
     )
 
 
-def build_plans(settings: StackSettings, siblings: list[str]) -> list[tuple[str, ServingPlan]]:
+def build_plans(settings: StackSettings, project_environment: dict[str, str] | None = None) -> list[tuple[str, ServingPlan]]:
     """(host name, plan) for every host of the stack; ("", plan) for the one-host form. Every
     host's plan is checked before any is returned: one host that cannot run the strategy stops
     the whole stack before anything touches any host."""
     plans, errors = [], []
     for name, s in settings.per_host():
         try:
-            plans.append((name, build_plan(s, siblings)))
+            plans.append((name, build_plan(s, project_environment)))
         except ConfigError as exc:
             # Name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
             errors += [SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix) for e in exc.errors]
@@ -133,6 +154,39 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+def merge_serving(project: Any, stack: Any) -> Any:
+    """`gpu-serving:serving` as a stack sees it: the project's block with the stack's keys on top,
+    and the stack's `environment` variables added to the project's (Pulumi alone would let a stack's
+    block replace the project's whole, dropping what the stack does not repeat)."""
+    if not isinstance(project, dict) or not isinstance(stack, dict):
+        return stack if stack is not None else project
+    merged = {**project, **stack}
+    if isinstance(project.get("environment"), dict) and isinstance(stack.get("environment"), dict):
+        merged["environment"] = {**project["environment"], **stack["environment"]}
+    return merged
+
+
+def project_config(project_dir: Path) -> dict[str, Any]:
+    """Pulumi.yaml's config values, namespace stripped ({} without a Pulumi.yaml)."""
+    project_file = Path(project_dir) / "Pulumi.yaml"
+    if not project_file.exists():
+        return {}
+    return _strip_namespace(_project_values(_read_yaml(project_file).get("config") or {}), "Pulumi.yaml")
+
+
+def project_environment(project: dict[str, Any]) -> dict[str, str]:
+    """The variables Pulumi.yaml's `serving.environment` sets, as the settings read them (a bad
+    value there is reported by the stack's own validation, which sees the same value)."""
+    from pydantic import ValidationError
+    from .config import ServingSettings
+    serving = project.get("serving")
+    raw = serving.get("environment") if isinstance(serving, dict) else None
+    try:
+        return dict(ServingSettings.model_validate({"environment": raw or {}}).environment)
+    except ValidationError:
+        return {}
+
+
 def stack_names(project_dir: Path) -> list[str]:
     """Strategies of this project: one per Pulumi.<stack>.yaml file."""
     return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project_dir).glob("Pulumi.*.yaml"))
@@ -147,9 +201,11 @@ def load_stack_config(project_dir: Path, stack: str) -> dict[str, Any]:
     if not stack_file.exists():
         known = ", ".join(stack_names(project_dir)) or "none"
         raise ConfigError([SettingError(f"--stack {stack}", f"no Pulumi.{stack}.yaml in {project_dir}", f"known stacks: {known}")])
-    project = _project_values(_read_yaml(project_file).get("config") or {})
-    stack_values = (_read_yaml(stack_file).get("config") or {})
-    merged = {**_strip_namespace(project, "Pulumi.yaml"), **_strip_namespace(stack_values, stack_file.name)}
+    project = project_config(project_dir)
+    stack_values = _strip_namespace(_read_yaml(stack_file).get("config") or {}, stack_file.name)
+    merged = {**project, **stack_values}
+    if "serving" in project or "serving" in stack_values:
+        merged["serving"] = merge_serving(project.get("serving"), stack_values.get("serving"))
     return merged
 
 
@@ -158,7 +214,7 @@ def plan_hosts(project_dir: Path, stack: str) -> list[tuple[str, ServingPlan]]:
     raw = load_stack_config(project_dir, stack)
     # Secrets are not needed for a plan (and are encrypted in stack files).
     settings = parse_settings(stack, raw)
-    return build_plans(settings, stack_names(project_dir))
+    return build_plans(settings, project_environment(project_config(project_dir)))
 
 
 def plan_stack(project_dir: Path, stack: str) -> ServingPlan:

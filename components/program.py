@@ -12,7 +12,7 @@ from .cuda import CudaToolkit
 from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
-from .plan import ServingPlan, build_plans, stack_names
+from .plan import ServingPlan, build_plans, merge_serving, project_config, project_environment
 from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
@@ -47,9 +47,15 @@ def run() -> None:
     stack = pulumi.get_stack()
     cfg = pulumi.Config("gpu-serving")
     try:
-        settings = parse_settings(stack, read_config())
+        # Pulumi gives the stack's view (a stack's block replaces the project's); Pulumi.yaml's own
+        # values tell which variables are the project's, shared by every strategy.
+        project = project_config(Path(os.getcwd()))
+        config = read_config()
+        if "serving" in config or "serving" in project:
+            config["serving"] = merge_serving(project.get("serving"), config.get("serving"))
+        settings = parse_settings(stack, config)
         # Every host's plan before any resource: a fleet with one unfit host changes nothing.
-        plans = build_plans(settings, stack_names(Path(os.getcwd())))
+        plans = build_plans(settings, project_environment(project))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None

@@ -31,7 +31,6 @@ from . import hardening_support as H
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).parent / "data" / "bad-input"
-SIBLINGS = ["tp8", "pp8", "ep8"]
 
 
 def project_config() -> dict:
@@ -49,7 +48,7 @@ def validate(stack: str, config: dict) -> list[SettingError]:
     """What preview checks before the program registers a single resource."""
     try:
         settings = parse_settings(stack, config)
-        build_plans(settings, SIBLINGS)
+        build_plans(settings)
     except ConfigError as exc:
         return exc.errors
     return C.settings_problems(settings.cuda)
@@ -150,7 +149,7 @@ def test_validator_never_crashes_on_any_value_of_hosts():
                   [{"name": "a", "gpuCount": True}], [{"name": "a"}] * 65]:
         try:
             settings = parse_settings("tp8", {**base, "hosts": value})
-            build_plans(settings, SIBLINGS)
+            build_plans(settings)
         except ConfigError:
             pass
 
@@ -212,7 +211,7 @@ def test_every_remote_command_is_an_argv_list_or_a_fixed_script_and_has_a_timeou
                     problems.append(f"{where}: no timeout=")
             if name == "exec_command":
                 problems.append(f"{where}: exec_command") if (path.name, _enclosing(tree, call)) not in {
-                    ("ssh.py", "_exec"), ("providers.py", "_lock")} else None
+                    ("ssh.py", "_exec"), ("providers.py", "host_lock")} else None
     assert not problems, "\n".join(problems)
 
 
