@@ -73,7 +73,9 @@ def decide(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active
     running = sorted((u for u in others if units[u].get("ActiveState") in RUNNING),
                      key=lambda u: units[u].get("ActiveState") != "active")
     enabled_others = [u for u in others if units[u].get("UnitFileState") == "enabled"]
-    own_running = own.get("ActiveState") in ("active", "activating", "reloading")
+    # A unit waiting to be restarted by systemd after a crash is not serving: it is started again.
+    crash_looping = own.get("SubState") == "auto-restart"
+    own_running = own.get("ActiveState") in ("active", "activating", "reloading") and not crash_looping
     if not active:
         return SwitchSteps(stop=[unit], enable=enabled and own.get("UnitFileState") != "enabled")
     enable = enabled and own.get("UnitFileState") != "enabled"
@@ -83,5 +85,5 @@ def decide(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active
         return SwitchSteps(stop=running, enable=enable, disable=disable)
     # A failed restart of the serving unit itself falls back to its files as they were.
     rollback_to = running[0] if running else (unit if own_running else None)
-    return SwitchSteps(stop=running, start="restart" if own_running else "start", enable=enable,
+    return SwitchSteps(stop=running, start="restart" if own_running or crash_looping else "start", enable=enable,
                        disable=disable, rollback_to=rollback_to)
