@@ -78,15 +78,19 @@ def shared_variable_errors(settings: StackSettings, project_environment: dict[st
             for key, value in sorted(project_environment.items()) if key in mine and mine[key] != value]
 
 
-def build_plan(settings: StackSettings, project_environment: dict[str, str] | None = None) -> ServingPlan:
+def build_plan(settings: StackSettings, project_environment: dict[str, str] | None = None,
+               project_environment_dir: str | None = None) -> ServingPlan:
     """Check every rule and render; raises `ConfigError` with all problems found.
 
     `project_environment`: the variables Pulumi.yaml sets (`project_environment`), which go to
     the shared file; the rest of the strategy's environment goes to its unit. None: all of
-    `serving.environment` is the project's (settings without a project around them)."""
+    `serving.environment` is the project's (settings without a project around them).
+    `project_environment_dir`: Pulumi.yaml's `serving.environmentDir`; a stack with another one
+    has a file of its own, where its values of the project's variables may differ."""
     shared = dict(settings.serving.environment if project_environment is None else project_environment)
     errors: list[SettingError] = check_strategy(settings)
-    errors += shared_variable_errors(settings, shared)
+    if project_environment_dir in (None, settings.serving.environment_dir):
+        errors += shared_variable_errors(settings, shared)
     memory, memory_errors = plan_memory(settings)
     errors += memory_errors
     if errors:
@@ -105,14 +109,15 @@ def build_plan(settings: StackSettings, project_environment: dict[str, str] | No
     )
 
 
-def build_plans(settings: StackSettings, project_environment: dict[str, str] | None = None) -> list[tuple[str, ServingPlan]]:
+def build_plans(settings: StackSettings, project_environment: dict[str, str] | None = None,
+                project_environment_dir: str | None = None) -> list[tuple[str, ServingPlan]]:
     """(host name, plan) for every host of the stack; ("", plan) for the one-host form. Every
     host's plan is checked before any is returned: one host that cannot run the strategy stops
     the whole stack before anything touches any host."""
     plans, errors = [], []
     for name, s in settings.per_host():
         try:
-            plans.append((name, build_plan(s, project_environment)))
+            plans.append((name, build_plan(s, project_environment, project_environment_dir)))
         except ConfigError as exc:
             # Name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
             errors += [SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix) for e in exc.errors]
@@ -187,6 +192,14 @@ def project_environment(project: dict[str, Any]) -> dict[str, str]:
         return {}
 
 
+def project_environment_dir(project: dict[str, Any]) -> str:
+    """Pulumi.yaml's `serving.environmentDir`, or the default."""
+    from .config import ServingSettings
+    serving = project.get("serving")
+    value = serving.get("environmentDir") if isinstance(serving, dict) else None
+    return value if isinstance(value, str) else ServingSettings.model_fields["environment_dir"].default
+
+
 def stack_names(project_dir: Path) -> list[str]:
     """Strategies of this project: one per Pulumi.<stack>.yaml file."""
     return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project_dir).glob("Pulumi.*.yaml"))
@@ -214,7 +227,8 @@ def plan_hosts(project_dir: Path, stack: str) -> list[tuple[str, ServingPlan]]:
     raw = load_stack_config(project_dir, stack)
     # Secrets are not needed for a plan (and are encrypted in stack files).
     settings = parse_settings(stack, raw)
-    return build_plans(settings, project_environment(project_config(project_dir)))
+    project = project_config(project_dir)
+    return build_plans(settings, project_environment(project), project_environment_dir(project))
 
 
 def plan_stack(project_dir: Path, stack: str) -> ServingPlan:

@@ -12,7 +12,8 @@ from .cuda import CudaToolkit
 from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
-from .plan import ServingPlan, build_plans, merge_serving, project_config, project_environment
+from .plan import (ServingPlan, build_plans, merge_serving, project_config, project_environment,
+                   project_environment_dir)
 from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
@@ -55,7 +56,7 @@ def run() -> None:
             config["serving"] = merge_serving(project.get("serving"), config.get("serving"))
         settings = parse_settings(stack, config)
         # Every host's plan before any resource: a fleet with one unfit host changes nothing.
-        plans = build_plans(settings, project_environment(project))
+        plans = build_plans(settings, project_environment(project), project_environment_dir(project))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None

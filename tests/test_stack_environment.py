@@ -9,7 +9,7 @@ import yaml
 
 from components.config import parse_settings
 from components.errors import ConfigError
-from components.plan import build_plan, merge_serving, plan_stack
+from components.plan import build_plan, merge_serving, plan_stack, project_environment_dir
 
 from .casedata import cases
 
@@ -33,11 +33,11 @@ def test_stack_environment_case(name, case):
     settings = parse_settings(name, config)
     if "error" in case:
         with pytest.raises(ConfigError) as info:
-            build_plan(settings, dict(project.get("environment") or {}))
+            build_plan(settings, dict(project.get("environment") or {}), project_environment_dir({"serving": project}))
         matching = [e for e in info.value.errors if e.setting == case["error"]["setting"]]
         assert matching and case["error"]["contains"] in str(matching[0]), str(info.value)
         return
-    plan = build_plan(settings, dict(project.get("environment") or {}))
+    plan = build_plan(settings, dict(project.get("environment") or {}), project_environment_dir({"serving": project}))
     expect = case["expect"]
     assert plan.shared_environment == expect["shared"]
     unit_env = _unit_environment(plan.unit.text)

@@ -117,8 +117,10 @@ def test_a_switch_whose_new_shared_environment_breaks_loading_puts_the_file_back
 
 def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
     d = deployment
-    # The model directory vanished (seen on a fleet host): no strategy can load it any more.
-    d.sh(f"mv {MODEL} {MODEL}.away")
+    # The model directory vanished (seen on a fleet host): no strategy can load it any more. The
+    # rehearsal host mounts the model read-only; an empty tmpfs over it hides it until unmounted.
+    d.sh(f"mount -t tmpfs -o size=1m gone {MODEL}")
+    assert d.sh(f"ls -A {MODEL}").strip() == ""
     try:
         with pytest.raises(auto.CommandError) as info:
             d.stack("crash").up(on_output=print)
@@ -128,7 +130,7 @@ def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
         assert "Rolled back" not in text, text[-4000:]
         assert not generates(d)
     finally:
-        d.sh(f"mv {MODEL}.away {MODEL}")
+        d.sh(f"umount {MODEL}")
     result = d.stack("ep8").up(refresh=True, on_output=print)
     assert result.outputs["readiness"].value["status"] == "ready"
     assert generates(d)
