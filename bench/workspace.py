@@ -124,6 +124,9 @@ def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str
     # runner discards such runs, and a short RestartSec keeps the time they waste short. Every
     # tool deploys this same rendered unit.
     config["gpu-serving:serving"]["value"]["restartSec"] = 2
+    # The peer tools switch by systemd Conflicts= in the unit they all deploy (gpu-serving itself
+    # stops the serving strategy at switch time and names no other strategy unless asked to).
+    config["gpu-serving:serving"]["value"]["conflictsWith"] = ["tp8", "ep8"]
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     env = engine_env(root / "pulumi-home", root / "state")
     p = Project(host, project, env)

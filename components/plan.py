@@ -3,6 +3,9 @@
 `check_stack` is the one check of a stack, run by ``python -m components plan`` on the files
 (stack_config.from_files) and by the program on the engine's config (stack_config.from_engine),
 so ``plan`` shows offline exactly what ``pulumi preview`` will deploy, or refuses what it refuses.
+One exception to Pulumi's reading, on both paths (`merge_serving`): a stack's `gpu-serving:serving`
+is merged over the project's, key by key and `environment` variable by variable, so a stack file
+states only what differs and never drops the project's NCCL settings by setting its own.
 """
 from __future__ import annotations
 
@@ -13,9 +16,9 @@ from typing import Any
 from .config import NAMESPACE, StackSettings, parse_settings
 from .errors import ConfigError, SettingError
 from .memory import MemoryPlan, plan_memory
-from .stack_config import RawConfig, from_files, namespace_settings, stack_names
+from .stack_config import RawConfig, from_files, namespace_settings, project_settings, stack_names
 from .strategy import Layout, check_strategy, check_visible_gpus, layout_of
-from .unit import RenderedUnit, environment, render_environment, render_unit
+from .unit import RenderedUnit, environment, render_environment, render_unit, unit_environment
 
 
 @dataclass(frozen=True)
@@ -24,9 +27,10 @@ class ServingPlan:
     layout: Layout
     memory: MemoryPlan
     unit: RenderedUnit
+    # The strategy's whole environment, and the project's part of it: the shared file's.
     environment: dict[str, str]
+    shared_environment: dict[str, str]
     environment_text: str
-    siblings: list[str]
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -58,36 +62,58 @@ class ServingPlan:
         }
 
 
-def build_plan(settings: StackSettings, siblings: list[str]) -> ServingPlan:
-    """Check every rule and render; raises `ConfigError` with all problems found."""
+def shared_variable_errors(settings: StackSettings, project_environment: dict[str, str]) -> list[SettingError]:
+    """A stack that gives a project-level variable another value would change the shared file
+    under every other strategy (and a failed switch would leave its value to the one rolled back
+    to): refused, naming the variable and both values."""
+    mine = settings.serving.environment
+    return [SettingError(f"{NAMESPACE}:serving.environment.{key}",
+                         f"Pulumi.yaml sets {value!r} for every strategy (the units share {settings.serving.environment_dir}/"
+                         f"{settings.model.name}.env); this stack's {mine[key]!r} would change it under the others",
+                         "set the variable in each Pulumi.<stack>.yaml instead of Pulumi.yaml, or leave it out of this stack")
+            for key, value in sorted(project_environment.items()) if key in mine and mine[key] != value]
+
+
+def build_plan(settings: StackSettings, project_environment: dict[str, str] | None = None,
+               project_environment_dir: str | None = None) -> ServingPlan:
+    """Check every rule and render; raises `ConfigError` with all problems found.
+
+    `project_environment`: the variables Pulumi.yaml sets (`project_environment`), which go to
+    the shared file; the rest of the strategy's environment goes to its unit. None: all of
+    `serving.environment` is the project's (settings without a project around them).
+    `project_environment_dir`: Pulumi.yaml's `serving.environmentDir`; a stack with another one
+    has a file of its own, where its values of the project's variables may differ."""
+    shared = dict(settings.serving.environment if project_environment is None else project_environment)
     errors: list[SettingError] = check_strategy(settings) + check_visible_gpus(settings)
+    if project_environment_dir in (None, settings.serving.environment_dir):
+        errors += shared_variable_errors(settings, shared)
     memory, memory_errors = plan_memory(settings)
     errors += memory_errors
     if errors:
         raise ConfigError(errors, f"stack {settings.stack}")
-    configured = settings.serving.conflicts_with
-    siblings = sorted(set(configured if configured is not None else siblings) - {settings.strategy_name})
     env = environment(settings)
+    shared = {k: env[k] for k in sorted(shared) if k in env}
     return ServingPlan(
         settings=settings,
         layout=layout_of(settings),
         memory=memory,
-        unit=render_unit(settings, siblings),
+        unit=render_unit(settings, settings.serving.conflicts_with, unit_environment(env, shared)),
         environment=env,
-        environment_text=render_environment(env),
-        siblings=siblings,
+        shared_environment=shared,
+        environment_text=render_environment(shared),
         warnings=list(memory.warnings),
     )
 
 
-def build_plans(settings: StackSettings, siblings: list[str]) -> list[tuple[str, ServingPlan]]:
+def build_plans(settings: StackSettings, project_environment: dict[str, str] | None = None,
+                project_environment_dir: str | None = None) -> list[tuple[str, ServingPlan]]:
     """(host name, plan) for every host of the stack; ("", plan) for the one-host form. Every
     host's plan is checked before any is returned: one host that cannot run the strategy stops
     the whole stack before anything touches any host."""
     plans, errors = [], []
     for name, s in settings.per_host():
         try:
-            plans.append((name, build_plan(s, siblings)))
+            plans.append((name, build_plan(s, project_environment, project_environment_dir)))
         except ConfigError as exc:
             # Name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
             errors += [SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix) for e in exc.errors]
@@ -101,6 +127,39 @@ def plan_hosts(project_dir: Path, stack: str) -> list[tuple[str, ServingPlan]]:
     return check_stack(stack, from_files(project_dir, stack), project_dir).plans
 
 
+def merge_serving(project: Any, stack: Any) -> Any:
+    """`gpu-serving:serving` as a stack sees it: the project's block with the stack's keys on top,
+    and the stack's `environment` variables added to the project's (Pulumi alone would let a stack's
+    block replace the project's whole, dropping what the stack does not repeat)."""
+    if not isinstance(project, dict) or not isinstance(stack, dict):
+        return stack if stack is not None else project
+    merged = {**project, **stack}
+    if isinstance(project.get("environment"), dict) and isinstance(stack.get("environment"), dict):
+        merged["environment"] = {**project["environment"], **stack["environment"]}
+    return merged
+
+
+def project_environment(project: dict[str, Any]) -> dict[str, str]:
+    """The variables Pulumi.yaml's `serving.environment` sets, as the settings read them (a bad
+    value there is reported by the stack's own validation, which sees the same value)."""
+    from pydantic import ValidationError
+    from .config import ServingSettings
+    serving = project.get("serving")
+    raw = serving.get("environment") if isinstance(serving, dict) else None
+    try:
+        return dict(ServingSettings.model_validate({"environment": raw or {}}).environment)
+    except ValidationError:
+        return {}
+
+
+def project_environment_dir(project: dict[str, Any]) -> str:
+    """Pulumi.yaml's `serving.environmentDir`, or the default."""
+    from .config import ServingSettings
+    serving = project.get("serving")
+    value = serving.get("environmentDir") if isinstance(serving, dict) else None
+    return value if isinstance(value, str) else ServingSettings.model_fields["environment_dir"].default
+
+
 def plan_stack(project_dir: Path, stack: str) -> ServingPlan:
     """The plan of the stack's (first) host; every host is checked."""
     return plan_hosts(project_dir, stack)[0][1]
@@ -112,6 +171,13 @@ def load_stack_config(project_dir: Path, stack: str) -> dict[str, Any]:
     config, _, errors = namespace_settings(from_files(project_dir, stack), stack)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
+    return with_project_serving(config, project_settings(project_dir))
+
+
+def with_project_serving(config: dict[str, Any], project: dict[str, Any]) -> dict[str, Any]:
+    """The stack's settings with its `serving` merged over the project's (`merge_serving`)."""
+    if "serving" in config or "serving" in project:
+        config = {**config, "serving": merge_serving(project.get("serving"), config.get("serving"))}
     return config
 
 
@@ -132,13 +198,15 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path) -> CheckedStack:
     from .cuda import settings_problems  # imports pulumi: not needed to read the settings
 
     config, secrets, errors = namespace_settings(raw, stack)
+    project = project_settings(project_dir)
+    config = with_project_serving(config, project)
     try:
         settings = parse_settings(stack, config)
     except ConfigError as exc:
         raise ConfigError(errors + exc.errors, f"stack {stack}") from None
     plans: list[tuple[str, ServingPlan]] = []
     try:
-        plans = build_plans(settings, stack_names(project_dir))
+        plans = build_plans(settings, project_environment(project), project_environment_dir(project))
     except ConfigError as exc:
         errors += exc.errors
     errors += settings_problems(settings.cuda)

@@ -3,6 +3,7 @@ service's state, each a resource with a real read so hand edits show up as drift
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Optional
 
 import pulumi
@@ -22,6 +23,14 @@ def declared_layout(plan: ServingPlan) -> dict:
             "model_path": s.model.path, "served_model_name": s.model.served_name, "port": s.serving.port}
 
 
+def config_hash(plan: ServingPlan, secret_hash: str) -> str:
+    """What the server runs with: its argv and its whole environment (plain, and the secrets'
+    digest). A change restarts it; the rest of the unit's text (its description, a Conflicts= line
+    of an older version, which file a variable comes from) does not."""
+    return hashlib.sha256(json.dumps({"argv": plan.unit.exec_start, "environment": plan.environment,
+                                      "secrets": secret_hash}, sort_keys=True).encode()).hexdigest()
+
+
 class ServingUnit(pulumi.ComponentResource):
     unit_name: str
     active: pulumi.Output[bool]
@@ -35,8 +44,9 @@ class ServingUnit(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         s = plan.settings
         self.unit_name = plan.unit.name
-        # The environment file is shared by every strategy stack of this model: destroying one
-        # stack must not take it from the others.
+        # The environment file is shared by every strategy stack of this model (the same bytes
+        # from each: Pulumi.yaml's variables only): destroying one stack must not take it from
+        # the others.
         self.environment_file = RemoteFile(f"{prefix}environment-file", {
             "connection": host.connection,
             "path": plan.unit.environment_path,
@@ -54,13 +64,10 @@ class ServingUnit(pulumi.ComponentResource):
         }, child)
         secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(
             lambda d: hashlib.sha256(repr(sorted((d or {}).items())).encode()).hexdigest())
-        config_hash = secret_hash.apply(lambda sh: hashlib.sha256(
-            (plan.unit.text + plan.environment_text + sh).encode()).hexdigest())
         self.service = Service(f"{prefix}service", {
             "connection": host.connection,
             "unit": plan.unit.name,
-            "siblings": [f"{s.serving.unit_prefix}-{s.model.name}-{x}.service" for x in plan.siblings],
-            "configHash": config_hash,
+            "configHash": secret_hash.apply(lambda sh: config_hash(plan, sh)),
             "bind": s.serving.host,
             "port": s.serving.port,
             "declared": declared_layout(plan),

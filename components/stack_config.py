@@ -223,6 +223,24 @@ def from_files(project_dir: Path, stack: str) -> RawConfig:
     return raw
 
 
+def project_settings(project_dir: Path) -> dict[str, Any]:
+    """Pulumi.yaml's own gpu-serving settings by name (what every stack of the project shares);
+    {} when there is none or it cannot be read: the stack's own check says why."""
+    project_file = Path(project_dir) / "Pulumi.yaml"
+    if not project_file.exists():
+        return {}
+    try:
+        block = _config_block(project_file, read_yaml(project_file))
+    except ConfigError:
+        return {}
+    out: dict[str, Any] = {}
+    for key, spec in block.items():
+        is_set, value = _project_value(spec)
+        if is_set and isinstance(key, str) and parse_key(key)[0] == NAMESPACE and not _is_secure(value):
+            out[parse_key(key)[1]] = _decode(value) if isinstance(value, str) else _engine_form(value)
+    return out
+
+
 def _put(raw: RawConfig, key: Any, value: Any, origin: str, errors: list[SettingError]) -> None:
     # Keys Pulumi itself cannot read are refused here, naming the file: the engine would stop on
     # them before the program runs (`namespace_settings` says the same if one ever gets through).

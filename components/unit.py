@@ -1,9 +1,13 @@
 """Rendering of the systemd units and the shared environment file.
 
 One unit per strategy (``sglang-<model>-<strategy>.service``), one EnvironmentFile per model
-shared by all its strategy units, so no variable is written twice. Output is deterministic
-(same settings, same bytes): the text is a Pulumi input, and a stable text is what makes the
-preview diff show only real changes.
+shared by all its strategy units, so no variable is written twice. The shared file holds only the
+project's environment (Pulumi.yaml), the same bytes from every stack; what one strategy adds (and
+the paths derived from its settings) are `Environment=` lines of its own unit, so no stack can
+change what another one runs with. A unit's text depends on its own stack's settings only, never
+on which other strategies exist: exclusivity is enforced when switching, from the units the host
+has (components/switch.py). Output is deterministic (same settings, same bytes): the text is a
+Pulumi input, and a stable text is what makes the preview diff show only real changes.
 """
 from __future__ import annotations
 
@@ -12,6 +16,10 @@ from dataclasses import dataclass
 
 from .config import ENV_KEY, NAMESPACE, StackSettings
 from .errors import ConfigError, SettingError, shown
+
+# A [Unit] key systemd ignores (X- prefix) that marks a unit as a gpu-serving serving unit and names
+# its stack: a switch finds every strategy on the host by it (components/switch.py).
+MARKER_KEY = "X-GpuServing-Stack"
 
 # Values that systemd's command-line splitting passes through untouched.
 _PLAIN = re.compile(r"\A[A-Za-z0-9_./:,+@=-]+\Z", re.ASCII)
@@ -99,10 +107,11 @@ def environment_path(settings: StackSettings) -> str:
 
 
 def environment(settings: StackSettings) -> dict[str, str]:
-    """The shared environment of every strategy unit of this model (without secrets).
+    """The strategy's whole environment (without secrets): what its server runs with.
 
     Derived paths come first; a key the user sets in ``serving.environment`` replaces the
-    derived value rather than being written a second time.
+    derived value rather than being written a second time. The shared file gives the project's
+    part of it, the unit the rest (`unit_environment`).
     """
     cuda, venv = settings.cuda, settings.venv
     site = f"{venv.path}/lib/python{venv.python}/site-packages"
@@ -203,11 +212,20 @@ class RenderedUnit:
     environment_path: str
 
 
-def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
-    """The strategy's unit file. `siblings` are the other strategies of this model (names like
-    ``tp8``); their units go into Conflicts= so starting this one stops them, and back."""
+def unit_environment(env: dict[str, str], shared: dict[str, str]) -> dict[str, str]:
+    """What the unit itself sets: every variable of the strategy's environment `env` that the
+    shared file (`shared`, the project's) does not give. systemd lets EnvironmentFile= win over
+    Environment=, so a project-level key is never set here too."""
+    return {k: v for k, v in env.items() if k not in shared}
+
+
+def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None,
+                own_environment: dict[str, str] | None = None) -> RenderedUnit:
+    """The strategy's unit file. `conflicts_with` (strategy names, the explicit
+    `serving.conflictsWith`) go into Conflicts=; without it the unit names no other strategy.
+    `own_environment`: the variables this unit sets itself (`unit_environment`)."""
     name = unit_name(settings)
-    conflicts = sorted({unit_name(settings, s) for s in siblings} - {name})
+    conflicts = sorted({unit_name(settings, s) for s in conflicts_with or []} - {name})
     argv = exec_start(settings)
     s = settings.serving
     layout = settings.strategy
@@ -223,6 +241,7 @@ def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
         "[Unit]",
         f"Description=SGLang {settings.model.served_name} {settings.strategy_name} "
         f"(tp {layout.tp_size}, pp {layout.pp_size}, ep {layout.ep_size}, dp {layout.dp_size}) on port {s.port}",
+        f"{MARKER_KEY}={settings.stack}",
         "After=network-online.target",
         "Wants=network-online.target",
     ]
@@ -241,6 +260,7 @@ def render_unit(settings: StackSettings, siblings: list[str]) -> RenderedUnit:
         "[Service]",
         "Type=simple",
         f"EnvironmentFile={environment_path(settings)}",
+        *(f"Environment={systemd_quote(f'{k}={v}')}" for k, v in sorted((own_environment or {}).items())),
         *_exec_lines(argv),
         # A crash after a good start is restarted; a clean stop (a switch) is not.
         "Restart=on-failure",

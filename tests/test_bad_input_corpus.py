@@ -34,7 +34,6 @@ from . import hardening_support as H
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = CS.CORPUS
-SIBLINGS = ["tp8", "pp8", "ep8"]
 
 
 def project_config() -> dict:
@@ -185,7 +184,7 @@ def test_validator_never_crashes_on_any_value_of_hosts():
                   [{"name": "a", "gpuCount": True}], [{"name": "a"}] * 65]:
         try:
             settings = parse_settings("tp8", {**base, "hosts": value})
-            build_plans(settings, SIBLINGS)
+            build_plans(settings)
         except ConfigError:
             pass
 
@@ -247,7 +246,7 @@ def test_every_remote_command_is_an_argv_list_or_a_fixed_script_and_has_a_timeou
                     problems.append(f"{where}: no timeout=")
             if name == "exec_command":
                 problems.append(f"{where}: exec_command") if (path.name, _enclosing(tree, call)) not in {
-                    ("ssh.py", "_exec"), ("providers.py", "_lock")} else None
+                    ("ssh.py", "_exec"), ("providers.py", "host_lock")} else None
     assert not problems, "\n".join(problems)
 
 

@@ -8,18 +8,17 @@ from components.plan import build_plan
 
 from .casedata import case_config, cases
 
-SIBLINGS = ["tp8", "pp8", "ep8"]
 
 
 @pytest.mark.parametrize("name,case", cases("strategy"), ids=lambda x: x if isinstance(x, str) else "")
 def test_strategy_case(name, case):
     config = case_config(case)
     if case.get("valid"):
-        plan = build_plan(parse_settings(name, config), SIBLINGS)
+        plan = build_plan(parse_settings(name, config))
         assert plan.world_size == plan.settings.host.gpu_count
         return
     with pytest.raises(ConfigError) as info:
-        build_plan(parse_settings(name, config), SIBLINGS)
+        build_plan(parse_settings(name, config))
     expected = case["error"]
     matching = [e for e in info.value.errors if e.setting == expected["setting"]]
     assert matching, f"no error names {expected['setting']}; got: {info.value}"

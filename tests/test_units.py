@@ -41,15 +41,18 @@ def test_no_variable_written_twice():
     plan = plan_stack(ROOT, "ep8")
     keys = [line.split("=", 1)[0] for line in plan.environment_text.splitlines() if line and not line.startswith("#")]
     assert len(keys) == len(set(keys))
-    # ...and none of them is repeated in the unit itself.
-    assert "Environment=" not in plan.unit.text
+    # ...and none of them is repeated in the unit itself, which sets only what the file does not.
+    unit_keys = [line[len("Environment="):].strip('"').split("=", 1)[0] for line in plan.unit.text.splitlines()
+                 if line.startswith("Environment=")]
+    assert unit_keys and len(unit_keys) == len(set(unit_keys)) and not set(unit_keys) & set(keys)
     assert plan.unit.text.count("EnvironmentFile=") == 1
 
 
-def test_conflicts_name_every_sibling_and_not_itself():
+def test_a_unit_names_no_other_strategy_and_carries_the_marker():
     plan = plan_stack(ROOT, "ep8")
-    assert plan.unit.conflicts == ["sglang-kimi-k2.6-pp8.service", "sglang-kimi-k2.6-tp8.service"]
-    assert "Conflicts=sglang-kimi-k2.6-pp8.service sglang-kimi-k2.6-tp8.service\n" in plan.unit.text
+    assert plan.unit.conflicts == [] and "Conflicts=" not in plan.unit.text
+    assert "After=network-online.target\n" in plan.unit.text and "After=sglang" not in plan.unit.text
+    assert "\nX-GpuServing-Stack=ep8\n" in plan.unit.text
 
 
 def test_exec_start_uses_canonical_size_flags_once_each():
@@ -69,9 +72,10 @@ def test_rendering_is_deterministic():
 def test_user_environment_replaces_derived_value():
     s = parse_settings("tp8", {"model": {"profile": "kimi-k2.6"}, "strategy": {"tpSize": 8},
                                "serving": {"environment": {"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2,1,0"}}})
-    plan = build_plan(s, [])
+    plan = build_plan(s)
     assert plan.environment["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
     assert plan.environment_text.count("CUDA_VISIBLE_DEVICES=") == 1
+    assert "CUDA_VISIBLE_DEVICES" not in plan.unit.text
 
 
 @pytest.mark.parametrize("arg,quoted", [

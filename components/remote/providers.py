@@ -22,10 +22,69 @@ from typing import Any, Optional
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import readiness as R
+from .. import switch
 from ..facts import HostFacts, check_facts, parse_facts, parse_systemctl_show
 from . import probe, reads, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
+# How long a file write waits for the host lock when no readiness settings say otherwise.
+LOCK_WAIT_SECONDS = 900
+
+# The files this run replaced on each host, as they were before (bytes or None when new, mode):
+# target key -> path -> (bytes, mode). The engine serves every dynamic resource of a run from one
+# provider process (readcache.py relies on it too), so the switch that follows the file writes
+# finds them here and puts them back, byte for byte, when it fails.
+_REPLACED: dict[tuple, dict[str, tuple[Optional[bytes], Optional[int]]]] = {}
+_REPLACED_LOCK = threading.Lock()
+
+
+def _remember_replaced(t: ssh.Target, path: str, data: Optional[bytes], mode: Optional[int]) -> None:
+    with _REPLACED_LOCK:
+        # The first write of the run holds what was there before it.
+        _REPLACED.setdefault(t.key, {}).setdefault(path, (data, mode))
+
+
+def _take_replaced(t: ssh.Target) -> dict[str, tuple[Optional[bytes], Optional[int]]]:
+    with _REPLACED_LOCK:
+        return _REPLACED.pop(t.key, {})
+
+
+def host_lock(t: ssh.Target, wait: int):
+    """Host-wide switch lock: `flock` held by a remote process for as long as our channel is
+    open; a dropped connection ends it, so a crashed run never leaves the host locked. Call it
+    inside `ssh.one_connection`; release with `host_unlock`."""
+    ssh.note_change(t)  # a switch begins: nothing read before it is served after it
+    transport = ssh.client(t).get_transport()
+    chan = transport.open_session(timeout=max(t.connect_timeout, 10.0))
+    chan.exec_command(f"flock -w {wait} {LOCK_PATH} sh -c 'echo locked; cat >/dev/null'")
+    buf = b""
+    deadline = time.monotonic() + wait + 30
+    chan.settimeout(5)
+    while b"locked" not in buf:
+        if not transport.is_active():
+            chan.close()
+            raise ssh.RemoteError(f"the SSH connection to {t.label} was lost while waiting for the gpu-serving lock; "
+                                  "nothing was changed. Run `pulumi up` again.")
+        if time.monotonic() > deadline or chan.exit_status_ready():
+            chan.close()
+            raise ssh.RemoteError(f"another switch holds the gpu-serving lock on {t.label} ({LOCK_PATH}); "
+                                  f"waited {wait} s. Run the switches one after the other.")
+        try:
+            data = chan.recv(64)
+            if not data and chan.exit_status_ready():
+                continue
+            buf += data
+        except Exception:
+            _progress(f"waiting for the gpu-serving lock on {t.label} (another switch is running)")
+    return chan
+
+
+def host_unlock(chan) -> None:
+    try:
+        chan.shutdown_write()
+        chan.close()
+    except Exception:
+        pass
 
 
 class DeployError(Exception):
@@ -221,13 +280,24 @@ class RemoteFileProvider(ResourceProvider):
     def _write(self, props: dict) -> dict:
         t = _require_target(props)
         data = self._full(props)
-        current = ssh.read_file(t, props["path"])
+        path = props["path"]
         mode = int(props.get("mode", "0644"), 8)
-        if current != data or ssh.stat_mode(t, props["path"]) != mode:
-            ssh.write_file(t, props["path"], data, mode)
-            if props.get("reloadSystemd") and current is not None:
-                # systemd must load the repaired file; a new unit is loaded by the service step.
-                ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+        if ssh.read_file(t, path) != data or ssh.stat_mode(t, path) != mode:
+            # Under the host lock, like the switch it belongs to: never between another switch's
+            # stop and start, nor under its rollback. What it replaces is kept for this run's
+            # switch to put back if that fails (_REPLACED).
+            with ssh.one_connection(t, f"writing {path}"):
+                lock = host_lock(t, LOCK_WAIT_SECONDS)
+                try:
+                    current, current_mode = ssh.read_file(t, path), ssh.stat_mode(t, path)
+                    if current != data or current_mode != mode:
+                        _remember_replaced(t, path, current, current_mode)
+                        ssh.write_file(t, path, data, mode)
+                        if props.get("reloadSystemd") and current is not None:
+                            # systemd must load the repaired file; a new unit is loaded by the service step.
+                            ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+                finally:
+                    host_unlock(lock)
         return {**props, "sha256": hashlib.sha256(data).hexdigest()}
 
     def create(self, props):
@@ -279,9 +349,9 @@ class ServiceProvider(ResourceProvider):
     """The strategy unit's state: enabled and active, started under a host-wide lock, checked
     by readiness, rolled back to the strategy that served before when it fails.
 
-    props: connection, unit, siblings (sibling unit names), configHash (unit + environment:
-    a change restarts the unit), bind, port, declared (layout for readiness), readiness
-    (deadlines), enabled, active.
+    props: connection, unit, configHash (what the server runs with: argv and environment; a
+    change restarts the unit), bind, port, declared (layout for readiness), readiness (deadlines),
+    enabled, active. The other strategies are found on the host when switching (switch.py).
     """
 
     @staticmethod
@@ -313,60 +383,71 @@ class ServiceProvider(ResourceProvider):
 
     def _start(self, props: dict, restart: bool) -> dict:
         t = _require_target(props)
-        unit, siblings = props["unit"], list(props.get("siblings") or [])
+        unit = props["unit"]
         # One connection for the whole switch: the lock lives on it, and if it drops the switch
         # stops with a clear error rather than carrying on unlocked over a new connection.
         with ssh.one_connection(t, f"the switch to {unit}"):
             lock = self._lock(t, props)
             try:
-                return self._switch(t, props, unit, siblings, restart)
+                return self._switch(t, props, unit, restart)
             finally:
                 self._unlock(lock)
 
-    def _switch(self, t: ssh.Target, props: dict, unit: str, siblings: list[str], restart: bool) -> dict:
-        states = self._show(t, [unit, *siblings])
-        serving = [s for s in siblings if states[s].get("ActiveState") in ("active", "activating", "reloading")]
-        previous = serving[0] if serving else None
-        own_active = states[unit].get("ActiveState") in ("active", "activating")
-        holder = self._foreign_listener(t, int(props["port"]), [unit, *siblings])
+    def _managed(self, t: ssh.Target, unit: str) -> dict[str, dict[str, str]]:
+        """The gpu-serving units the host has and their state, `unit` first (switch.py)."""
+        out = ssh.run(t, ["sh", "-c", switch.MANAGED_UNITS_SCRIPT, "sh", unit], purpose="listing the gpu-serving units",
+                      timeout=60, read=True)
+        units = switch.parse_managed_units(out.stdout)
+        return units if unit in units else {unit: {}, **units}
+
+    def _switch(self, t: ssh.Target, props: dict, unit: str, restart: bool) -> dict:
+        units = self._managed(t, unit)
+        steps = switch.decide(unit, units, restart=restart, active=props.get("active", True),
+                              enabled=props.get("enabled", True))
+        previous = next((u for u in steps.stop if units[u].get("ActiveState") == "active"), None)
+        holder = self._foreign_listener(t, int(props["port"]), list(units))
         if holder:
             raise ssh.RemoteError(
                 f"port {props['port']} on {t.label} is held by {holder}, which is not a gpu-serving strategy unit; "
                 f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port.")
-        if states[unit].get("NeedDaemonReload") == "yes" or states[unit].get("LoadState") == "not-found":
+        own = units[unit]
+        if own.get("NeedDaemonReload") == "yes" or own.get("LoadState") in (None, "not-found"):
             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
         if not props.get("active", True):
-            if props.get("enabled", True):
+            if steps.enable:
                 ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
             ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180)
+            _take_replaced(t)
+            return self._outs(t, props, None, None)
+        if steps.stop:
+            _progress(f"{unit}: " + ("starting" if steps.start else "serving") + f" (stops {', '.join(steps.stop)})")
+            # Stopped first, and waited for (systemctl stop returns when the unit is down): the
+            # new strategy must not find the GPUs or the port still held by the old one.
+            ssh.run(t, ["systemctl", "stop", *steps.stop], purpose=f"stopping {', '.join(steps.stop)}", timeout=240)
+        elif steps.start:
+            _progress(f"{unit}: starting")
+        if steps.start is None:
+            self._enable_only(t, unit, steps)
+            _take_replaced(t)
             return self._outs(t, props, previous, None)
-        if own_active and not restart:
-            self._enable_only(t, props, unit, siblings, states)
-            return self._outs(t, props, previous, None)
-        _progress(f"{unit}: starting" + (f" (stops {previous})" if previous else ""))
-        if serving:
-            # Stopped first, and waited for: Conflicts= alone does not order the stop before the
-            # start, and the new strategy would find the GPUs still held by the old one.
-            ssh.run(t, ["systemctl", "stop", *serving], purpose=f"stopping {', '.join(serving)}", timeout=240)
         # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
-        since, baseline = probe.start(t, unit, "restart" if own_active else "start")
+        since, baseline = probe.start(t, unit, steps.start)
         report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                   settings=props.get("readiness") or {}, since=since, baseline=baseline, progress=_progress)
         if report.status != R.READY:
-            self._fail(t, props, report, previous, since)
-        self._enable_only(t, props, unit, siblings, states)
+            self._fail(t, props, report, steps.rollback_to, since)
+        self._enable_only(t, unit, steps)
+        _take_replaced(t)  # kept: nothing to put back
         return self._outs(t, props, previous, report.as_dict())
 
-    def _enable_only(self, t: ssh.Target, props: dict, unit: str, siblings: list[str], states: dict) -> None:
+    def _enable_only(self, t: ssh.Target, unit: str, steps: switch.SwitchSteps) -> None:
         """The strategy that serves is the one enabled: after a reboot it, and only it, comes back
-        (two enabled units that conflict would leave the choice to systemd)."""
-        if not props.get("enabled", True):
-            return
-        if states[unit].get("UnitFileState") != "enabled":  # no command when nothing is to change
+        (two enabled strategies would race for the GPUs and the port)."""
+        if steps.enable:  # no command when nothing is to change
             ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
-        others = [s for s in siblings if states[s].get("UnitFileState") == "enabled"]
-        if others:
-            ssh.run(t, ["systemctl", "disable", "--quiet", *others], purpose=f"disabling {', '.join(others)}", timeout=60)
+        if steps.disable:
+            ssh.run(t, ["systemctl", "disable", "--quiet", *steps.disable], purpose=f"disabling {', '.join(steps.disable)}",
+                    timeout=60)
 
     def _fail(self, t, props, report: R.Report, previous: Optional[str], since: int):
         unit = props["unit"]
@@ -374,51 +455,65 @@ class ServiceProvider(ResourceProvider):
         # The failed unit is stopped before anything else starts (it may hold GPUs) and is not
         # left enabled: a reboot brings back what served, not what failed.
         ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180, check=False)
-        ssh.run(t, ["systemctl", "disable", "--quiet", unit], purpose=f"disabling {unit}", timeout=60, check=False)
+        if previous != unit:
+            ssh.run(t, ["systemctl", "disable", "--quiet", unit], purpose=f"disabling {unit}", timeout=60, check=False)
+        # The files this run replaced go back before the previous strategy starts: it must run
+        # with what it ran with, not with what made the new one fail.
+        restored = self._restore(t)
         if previous:
-            ssh.run(t, ["systemctl", "start", previous], purpose=f"restarting {previous}", timeout=180, check=False)
-            rollback = f"Rolled back: restarted {previous}, the strategy that was serving before."
+            rollback = self._roll_back(t, props, previous)
         else:
             rollback = f"No strategy was serving before; {unit} was stopped."
+        if restored:
+            rollback += "\nPut back as they were: " + ", ".join(restored) + "."
         raise DeployError(ssh.redact(
             f"readiness: {report.status}: {report.reason}\n{rollback}\nLast lines of journalctl -u {unit}:\n{journal}",
             _secrets(props)))
 
+    def _restore(self, t: ssh.Target) -> list[str]:
+        """Write back, byte for byte, every file this run replaced on the host (a file it created,
+        the failed strategy's own unit, stays: stopped and disabled, it runs nothing)."""
+        restored = []
+        for path, (data, mode) in sorted(_take_replaced(t).items()):
+            if data is not None:
+                ssh.write_file(t, path, data, mode if mode is not None else 0o644)
+                restored.append(path)
+        if restored:
+            ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120, check=False)
+        return restored
+
+    def _roll_back(self, t: ssh.Target, props: dict, previous: str) -> str:
+        """Start `previous` again and wait for a real generation: the message says what serves."""
+        bind, port = self._address_of(t, previous, props)
+        try:
+            since, baseline = probe.start(t, previous, "start")
+            report = probe.wait_ready(t, previous, bind=bind, port=port, declared={},
+                                      settings=props.get("readiness") or {}, since=since, baseline=baseline,
+                                      progress=_progress)
+        except ssh.RemoteError as exc:
+            return f"rollback failed: nothing serves on {t.label}: {previous} could not be started again ({exc})."
+        if report.status == R.READY:
+            return f"Rolled back: restarted {previous}, the strategy that was serving before; it generates again."
+        journal = probe.journal_tail(t, previous, since, 20, _secrets(props))
+        return (f"rollback failed: nothing serves on {t.label}: {previous}, the strategy that was serving before, "
+                f"did not come back ({report.status}: {report.reason}).\nLast lines of journalctl -u {previous}:\n{journal}")
+
+    @staticmethod
+    def _address_of(t: ssh.Target, unit: str, props: dict) -> tuple[str, int]:
+        """The bind address and port `unit` serves on (its ExecStart), for the rollback's probe."""
+        import re
+        out = ssh.run(t, ["systemctl", "show", "-p", "ExecStart", "--value", "--", unit], purpose=f"reading {unit}'s command",
+                      timeout=30, check=False, read=True).stdout
+        port = re.search(r"--port ([0-9]+)", out)
+        host = re.search(r"--host ([^ ;]+)", out)
+        return (host.group(1) if host else props["bind"]), (int(port.group(1)) if port else int(props["port"]))
+
     def _lock(self, t: ssh.Target, props: dict):
-        """Host-wide switch lock: `flock` held by a remote process for as long as our channel is
-        open; a dropped connection ends it, so a crashed run never leaves the host locked."""
-        wait = int(float((props.get("readiness") or {}).get("lockWaitSeconds", 900)))
-        ssh.note_change(t)  # a switch begins: nothing read before it is served after it
-        transport = ssh.client(t).get_transport()
-        chan = transport.open_session(timeout=max(t.connect_timeout, 10.0))
-        chan.exec_command(f"flock -w {wait} {LOCK_PATH} sh -c 'echo locked; cat >/dev/null'")
-        buf = b""
-        deadline = time.monotonic() + wait + 30
-        chan.settimeout(5)
-        while b"locked" not in buf:
-            if not transport.is_active():
-                chan.close()
-                raise ssh.RemoteError(f"the SSH connection to {t.label} was lost while waiting for the gpu-serving lock; "
-                                      "nothing was changed. Run `pulumi up` again.")
-            if time.monotonic() > deadline or chan.exit_status_ready():
-                chan.close()
-                raise ssh.RemoteError(f"another switch holds the gpu-serving lock on {t.label} ({LOCK_PATH}); "
-                                      f"waited {wait} s. Run the switches one after the other.")
-            try:
-                data = chan.recv(64)
-                if not data and chan.exit_status_ready():
-                    continue
-                buf += data
-            except Exception:
-                _progress(f"waiting for the gpu-serving lock on {t.label} (another switch is running)")
-        return chan
+        wait = int(float((props.get("readiness") or {}).get("lockWaitSeconds", LOCK_WAIT_SECONDS)))
+        return host_lock(t, wait)
 
     def _unlock(self, chan) -> None:
-        try:
-            chan.shutdown_write()
-            chan.close()
-        except Exception:
-            pass
+        host_unlock(chan)
 
     def _outs(self, t, props, previous, report) -> dict:
         state = self._show(t, [props["unit"]])[props["unit"]]
@@ -445,7 +540,7 @@ class ServiceProvider(ResourceProvider):
 
     def diff(self, id, olds, news):
         changed = _changed(olds, {**news, "active": news.get("active", True), "enabled": news.get("enabled", True)},
-                           ["unit", "configHash", "declared", "siblings", "port", "bind", "active", "enabled", "connection"])
+                           ["unit", "configHash", "declared", "port", "bind", "active", "enabled", "connection"])
         return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
 
     def delete(self, id, props):

@@ -1,0 +1,136 @@
+"""Issue 12, points 1 and 6, on one rehearsal host, in order as an operator's day would go:
+a new layout file never restarts the model that serves; a switch still leaves exactly one
+strategy running and enabled; a failing stack that shares the environment file leaves the
+previous strategy serving with its own environment (checked by a real generation); a switch
+whose new shared environment breaks loading puts the file back byte for byte; and a rollback
+that cannot serve says so instead of "Rolled back"."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from pulumi import automation as auto
+
+from .conftest import FAST_ENV, FAST_READINESS
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+UNIT = "sglang-kimi-k2.6-{}.service"
+ENV_FILE = "/etc/gpu-serving/kimi-k2.6.env"
+MODEL = "/models/kimi-k2.6"
+
+
+def main_pid(d, stack: str) -> str:
+    return d.sh(f"systemctl show -p MainPID --value {UNIT.format(stack)}").strip()
+
+
+def generates(d) -> bool:
+    """A real generation on the serving port, whatever strategy serves."""
+    out = d.host.run("curl -sf --max-time 20 -H 'Content-Type: application/json' "
+                     "-d '{\"text\": \"hello\", \"sampling_params\": {\"max_new_tokens\": 4}}' "
+                     "http://127.0.0.1:30001/generate", timeout=60)
+    return out.returncode == 0 and "text" in json.loads(out.stdout or "{}")
+
+
+def running_and_enabled(d, stacks) -> tuple[list[str], list[str]]:
+    states = d.sh("for u in " + " ".join(UNIT.format(s) for s in stacks) + "; do "
+                  "echo $(systemctl is-active $u) $(systemctl is-enabled $u 2>/dev/null || echo none); done").split("\n")
+    active = [s for s, line in zip(stacks, states) if line.split()[0] == "active"]
+    enabled = [s for s, line in zip(stacks, states) if line.split()[1:] == ["enabled"]]
+    return active, enabled
+
+
+def no_changes(d, stack: str) -> None:
+    """The drift check is clean and `up` changes nothing."""
+    d.stack(stack).preview(refresh=True, expect_no_changes=True, diff=True)
+    result = d.stack(stack).up(on_output=print)
+    changes = {k: v for k, v in (result.summary.resource_changes or {}).items() if k != "same"}
+    assert changes == {}, changes
+
+
+def test_adding_and_removing_a_layout_file_never_restarts_the_serving_model(deployment):
+    d = deployment
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    pid, unit_text = main_pid(d, "tp8"), d.sh(f"cat /etc/systemd/system/{UNIT.format('tp8')}")
+    assert "Conflicts=" not in unit_text and "X-GpuServing-Stack=tp8" in unit_text
+    d.write_stack_file("tp4pp2", {"tpSize": 4, "ppSize": 2})
+    no_changes(d, "tp8")
+    assert main_pid(d, "tp8") == pid
+    (d.project / "Pulumi.tp4pp2.yaml").unlink()
+    no_changes(d, "tp8")
+    assert main_pid(d, "tp8") == pid
+    assert d.sh(f"cat /etc/systemd/system/{UNIT.format('tp8')}") == unit_text
+
+
+def test_a_switch_still_stops_the_serving_strategy_and_only_one_is_enabled(deployment):
+    d = deployment
+    result = d.stack("ep8").up(on_output=print)
+    assert result.outputs["readiness"].value["status"] == "ready"
+    assert running_and_enabled(d, ["tp8", "ep8"]) == (["ep8"], ["ep8"])
+    # The stop of tp8 finished before ep8 started (no crash on a port still held).
+    assert d.sh(f"systemctl show -p NRestarts --value {UNIT.format('ep8')}").strip() == "0"
+
+
+def test_a_failing_stack_sharing_the_environment_file_leaves_the_previous_strategy_serving_its_own_environment(deployment):
+    d = deployment
+    before = d.sh(f"sha256sum {ENV_FILE}; cat {ENV_FILE}")
+    # The stack's own serving block (Pulumi would let it replace the project's), with a variable that
+    # crashes its server while loading, and the default environmentDir: the file it would share.
+    d.write_stack_file("crash", {"tpSize": 8, "epSize": 8}, {
+        "gpu-serving:serving": {"environment": {**FAST_ENV, "REHEARSAL_FAULT": "crash_during_load"}},
+        "gpu-serving:readiness": FAST_READINESS})
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("crash").up(on_output=print)
+    text = str(info.value)
+    assert "readiness: crashed_during_load" in text, text[-4000:]
+    assert f"Rolled back: restarted {UNIT.format('ep8')}" in text and "generates again" in text
+    assert d.sh(f"sha256sum {ENV_FILE}; cat {ENV_FILE}") == before
+    assert running_and_enabled(d, ["ep8", "crash"]) == (["ep8"], ["ep8"])
+    assert generates(d)
+    environ = d.sh(f"tr '\\0' '\\n' < /proc/{main_pid(d, 'ep8')}/environ")
+    assert "REHEARSAL_FAULT" not in environ and "NCCL_ALGO=Ring" in environ
+    # The serving stack's drift check is clean: nothing of it was changed.
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True)
+
+
+def test_a_switch_whose_new_shared_environment_breaks_loading_puts_the_file_back_byte_for_byte(deployment):
+    d = deployment
+    project = (d.project / "Pulumi.yaml").read_text()
+    before = d.sh(f"sha256sum {ENV_FILE}; stat -c %a {ENV_FILE}")
+    pid = main_pid(d, "ep8")
+    d.edit_project(lambda c: c["gpu-serving:serving"]["value"]["environment"].update(REHEARSAL_FAULT="crash_during_load"))
+    try:
+        with pytest.raises(auto.CommandError) as info:
+            d.stack("tp8").up(on_output=print)
+        text = str(info.value)
+        assert "readiness: crashed_during_load" in text, text[-4000:]
+        assert f"Rolled back: restarted {UNIT.format('ep8')}" in text and f"Put back as they were: {ENV_FILE}" in text
+        assert d.sh(f"sha256sum {ENV_FILE}; stat -c %a {ENV_FILE}") == before
+        assert main_pid(d, "ep8") != pid  # restarted, and with the file as it was
+        assert running_and_enabled(d, ["tp8", "ep8"]) == (["ep8"], ["ep8"])
+        assert generates(d)
+    finally:
+        (d.project / "Pulumi.yaml").write_text(project)
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True)
+
+
+def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
+    d = deployment
+    # The model directory vanished (seen on a fleet host): no strategy can load it any more. The
+    # rehearsal host mounts the model read-only; an empty tmpfs over it hides it until unmounted.
+    d.sh(f"mount -t tmpfs -o size=1m gone {MODEL}")
+    assert d.sh(f"ls -A {MODEL}").strip() == ""
+    try:
+        with pytest.raises(auto.CommandError) as info:
+            d.stack("crash").up(on_output=print)
+        text = str(info.value)
+        assert "rollback failed: nothing serves on " in text, text[-4000:]
+        assert UNIT.format("ep8") in text.split("rollback failed")[1]
+        assert "Rolled back" not in text, text[-4000:]
+        assert not generates(d)
+    finally:
+        d.sh(f"umount {MODEL}")
+    result = d.stack("ep8").up(refresh=True, on_output=print)
+    assert result.outputs["readiness"].value["status"] == "ready"
+    assert generates(d)
