@@ -239,6 +239,23 @@ class _Expired(Exception):
     pass
 
 
+class _Lost(EOFError):
+    """The command's channel closed without an exit status: the connection dropped under it
+    (or the command was killed by a signal, which OpenSSH reports as no status paramiko reads).
+    Its output may be cut short, so it is never a result: `_run` reconnects and runs it again."""
+
+
+# What the transport saw (benchmarks and the rehearsal stress test read them): commands that
+# lost their connection, and the commands run again on a new one.
+counters = {"lost": 0, "retried": 0}
+_counters_lock = threading.Lock()
+
+
+def _count(name: str) -> None:
+    with _counters_lock:
+        counters[name] += 1
+
+
 # sshd refuses channels beyond MaxSessions per connection (OpenSSH's default: 10), and paramiko
 # can only report the refusal as a lost connection. A refresh reads every resource at once and
 # starts their reads ahead, so the sessions open at the same time on one connection are capped
@@ -288,10 +305,16 @@ def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes]
     timer.start()
     try:
         chan.settimeout(timeout)
-        chan.exec_command(command)
-        if input is not None:
+        if input is None:
+            # No half-close when there is nothing to send: an EOF sent after a short command's
+            # channel was already closed by the server makes OpenSSH drop the whole connection
+            # ("ieof packet referred to nonexistent channel"). Stdin is /dev/null instead, so a
+            # command that reads it sees its end at once, as it would have seen our EOF.
+            chan.exec_command(command + " </dev/null")
+        else:
+            chan.exec_command(command)
             chan.sendall(input)
-        chan.shutdown_write()
+            chan.shutdown_write()
         out, err = bytearray(), bytearray()
         for sink, recv in ((out, chan.recv), (err, chan.recv_stderr)):
             while True:
@@ -300,6 +323,11 @@ def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes]
                     break
                 sink += data
         rc = chan.recv_exit_status()
+        if rc is None or rc < 0:
+            # paramiko's "no status came" (-1): the output read so far may be cut short.
+            transport = c.get_transport()
+            gone = transport is None or not transport.is_active()
+            raise _Lost("the connection dropped" if gone else "the command ended without an exit status")
     except (socket.timeout, paramiko.SSHException, EOFError, OSError) as exc:
         # socket.timeout: no data for `timeout` seconds, i.e. the deadline as well.
         if expired.is_set() or isinstance(exc, socket.timeout):
@@ -358,14 +386,19 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
         except _Expired:
             raise RemoteError(f"{purpose} on {t.label} did not finish within {timeout:g} s (timed out)") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            # A connection that died between two commands is reopened once; a second failure is
-            # real. Inside one_connection it is not reopened at all (client() says why).
+            # A connection that died between two commands, or under one (no exit status), is
+            # reopened once and the command run again; a second failure is real. Inside
+            # one_connection it is not reopened at all (client() says why).
+            _count("lost")
+            why = str(exc) if isinstance(exc, _Lost) else type(exc).__name__
             if _pin(t) is not None:
                 client(t)
-                raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
+                raise RemoteError(f"{purpose} on {t.label}: connection lost ({why})") from None
             drop(t)
             if attempt:
-                raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
+                raise RemoteError(f"{purpose} on {t.label}: connection lost ({why}), twice; "
+                                  "no answer was taken from it") from None
+            _count("retried")
     return rc, out, err
 
 
@@ -575,7 +608,10 @@ def prefetch(t: Target, requests: list[dict]) -> int:
 
 def _prefetch_command(t: Target, c: paramiko.SSHClient, command: str, timeout: float) -> dict:
     # Over the given connection only: no reconnect, no retry, no drop (the real read does those).
+    # A lost connection (`_Lost`: no exit status) raises, so nothing is stored for the real read.
     rc, out, err = _exec(t, c, command, None, timeout)
+    if rc is None or rc < 0:  # never a result, whatever _exec becomes
+        raise _Lost("no exit status")
     return {(t.key, "run", command): Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))}
 
 
