@@ -247,3 +247,30 @@ def test_the_store_never_keeps_a_result_without_an_exit_status(rc):
     assert cache.wait_idle() and cache.take("h", "k") is readcache.MISS
     cache.prefetch("h", [(["k"], lambda: {"k": ssh.Result(0, "@@query\n", "")})])
     assert cache.wait_idle() and cache.take("h", "k").rc == 0
+
+
+WHOLE_FACTS = (FACTS_OUT + b"@@smi\n@@topo\n\tGPU0\tCPU Affinity\nGPU0\t X \t0-31\n@@nvcc\n@@rc=127\n@@os\n"
+               b"PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n@@kernel\n6.1.0\n@@end\n")
+
+
+def _facts_props(t):
+    return {"connection": {"host": t.host, "port": t.port, "user": t.user, "privateKey": t.private_key,
+                           "hostKey": t.host_key}, "cudaHome": "/usr/local/cuda-13.0", "expect": {}}
+
+
+def test_host_facts_read_through_a_drop_sees_the_gpus(scripted_host):
+    from components.remote import providers
+    t, connect, opened = scripted_host
+    connect(("drop", WHOLE_FACTS[:40]))
+    connect(("ok", 0, WHOLE_FACTS))
+    facts = providers.HostFactsProvider()._read(_facts_props(t))
+    assert facts["gpu_count"] == 1 and facts["problems"] == []
+
+
+def test_host_facts_cut_short_with_an_exit_status_is_refused_not_zero_gpus(scripted_host):
+    from components.remote import providers
+    t, connect, opened = scripted_host
+    connect(("ok", 0, WHOLE_FACTS[:WHOLE_FACTS.index(b"@@smi")]))
+    with pytest.raises(ssh.RemoteError, match=r"reading host facts on root@192\.0\.2\.44:22 \(exit 0\): the host-facts "
+                                              r"answer was cut short: it ends before its section\(s\) smi, topo"):
+        providers.HostFactsProvider()._read(_facts_props(t))
