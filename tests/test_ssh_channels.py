@@ -170,7 +170,7 @@ def scripted_host(monkeypatch):
 
     monkeypatch.setattr(ssh, "_connect", fake_connect)
     monkeypatch.setattr(ssh, "prefetched", readcache.ReadCache())
-    monkeypatch.setattr(ssh, "counters", {"lost": 0, "retried": 0})
+    monkeypatch.setattr(ssh, "counters", {"lost": 0, "retried": 0, "refused": 0})
     monkeypatch.setattr(ssh, "_clients", {})
     monkeypatch.setattr(ssh, "_failures", {})
     return t, connect, opened
@@ -197,7 +197,7 @@ def test_a_command_whose_connection_dropped_is_run_again_on_a_new_one(scripted_h
     assert request["check"] is False  # even a read that takes any exit code
     got = ssh.fetch(t, request)
     assert got.rc == 0 and got.stdout == FACTS_OUT.decode()
-    assert len(opened) == 2 and ssh.counters == {"lost": 1, "retried": 1}
+    assert len(opened) == 2 and ssh.counters == {"lost": 1, "retried": 1, "refused": 0}
 
 
 def test_a_second_drop_is_an_error_never_a_result(scripted_host):
@@ -207,7 +207,7 @@ def test_a_second_drop_is_an_error_never_a_result(scripted_host):
     with pytest.raises(ssh.RemoteError, match=r"reading host facts on root@192\.0\.2\.44:22: connection lost "
                                               r"\(the connection dropped\), twice"):
         ssh.run(t, ["true"], purpose="reading host facts", check=False, read=True)
-    assert ssh.counters == {"lost": 2, "retried": 1}
+    assert ssh.counters == {"lost": 2, "retried": 1, "refused": 0}
 
 
 def test_no_exit_status_on_a_live_connection_is_not_a_result_either(scripted_host):
@@ -274,3 +274,33 @@ def test_host_facts_cut_short_with_an_exit_status_is_refused_not_zero_gpus(scrip
     with pytest.raises(ssh.RemoteError, match=r"reading host facts on root@192\.0\.2\.44:22 \(exit 0\): the host-facts "
                                               r"answer was cut short: it ends before its section\(s\) smi, topo"):
         providers.HostFactsProvider()._read(_facts_props(t))
+
+
+def test_a_session_sshd_refuses_is_asked_again_on_the_same_connection(scripted_host, monkeypatch):
+    t, connect, opened = scripted_host
+    connect(("ok", 0, b"x\n"))
+    tr_open = ScriptedTransport.open_session
+    refusals = [2]
+
+    def refusing(self, timeout=None):
+        if refusals[0]:
+            refusals[0] -= 1
+            raise ssh.paramiko.ChannelException(2, "open failed")  # what sshd answers past MaxSessions
+        return tr_open(self, timeout)
+    monkeypatch.setattr(ScriptedTransport, "open_session", refusing)
+    assert ssh.run(t, ["echo", "x"], purpose="x").stdout == "x\n"
+    assert len(opened) == 1 and ssh.counters == {"lost": 0, "retried": 0, "refused": 2}
+
+
+def test_a_session_refused_until_the_deadline_is_an_error_that_keeps_the_connection(scripted_host, monkeypatch):
+    t, connect, opened = scripted_host
+    t = ssh.Target(**{**t.__dict__, "connect_timeout": 0.1})
+    connect()
+
+    def refusing(self, timeout=None):
+        raise ssh.paramiko.ChannelException(2, "open failed")
+    monkeypatch.setattr(ScriptedTransport, "open_session", refusing)
+    monkeypatch.setattr(ssh, "_connect", lambda target: opened.append(ScriptedClient(ScriptedTransport([]))) or opened[-1])
+    with pytest.raises(ssh.RemoteError, match="sshd refused a new session \\(open failed\\); is MaxSessions"):
+        ssh.run(t, ["true"], purpose="probing", timeout=0.3)
+    assert len(opened) == 1 and opened[0].transport.active  # not dropped: the others on it go on

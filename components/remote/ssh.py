@@ -246,8 +246,8 @@ class _Lost(EOFError):
 
 
 # What the transport saw (benchmarks and the rehearsal stress test read them): commands that
-# lost their connection, and the commands run again on a new one.
-counters = {"lost": 0, "retried": 0}
+# lost their connection, the commands run again on a new one, sessions sshd refused (asked again).
+counters = {"lost": 0, "retried": 0, "refused": 0}
 _counters_lock = threading.Lock()
 
 
@@ -261,6 +261,8 @@ def _count(name: str) -> None:
 # starts their reads ahead, so the sessions open at the same time on one connection are capped
 # here, below that default with room for the switch lock's own channel (providers._lock).
 MAX_CHANNELS = 8
+# First pause before asking again for a session sshd refused (doubling up to 0.5 s).
+REFUSED_PAUSE = 0.02
 _channel_slots: dict[tuple, threading.BoundedSemaphore] = {}
 _channel_slots_lock = threading.Lock()
 
@@ -279,7 +281,25 @@ def _open_channel(t: Target, c: paramiko.SSHClient, timeout: float) -> paramiko.
     if not _slots(t).acquire(timeout=timeout):
         raise socket.timeout(f"no free SSH session on the connection within {timeout:g} s")
     try:
-        return transport.open_session(timeout=min(timeout, max(t.connect_timeout, 10.0)))
+        wait = min(timeout, max(t.connect_timeout, 10.0))
+        deadline, pause = time.monotonic() + wait, REFUSED_PAUSE
+        while True:
+            try:
+                return transport.open_session(timeout=wait)
+            except paramiko.SSHException as exc:
+                # An open that failed on a live connection is sshd refusing this session, not a
+                # lost connection: its MaxSessions also counts sessions whose command has exited
+                # until sshd has reaped it, so a burst of short commands can meet a refusal under
+                # our own cap. (paramiko keeps one refusal per connection: with several opens at
+                # once, the others see a bare "Unable to open channel.") Ask again shortly;
+                # dropping the connection would cut every other command on it.
+                if not transport.is_active():
+                    raise
+                if time.monotonic() + pause > deadline:
+                    raise paramiko.ChannelException(getattr(exc, "code", 0), getattr(exc, "text", str(exc))) from None
+                _count("refused")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
     except BaseException:
         _slots(t).release()
         raise
@@ -385,6 +405,10 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
             break
         except _Expired:
             raise RemoteError(f"{purpose} on {t.label} did not finish within {timeout:g} s (timed out)") from None
+        except paramiko.ChannelException as exc:
+            # Refused again and again (see _open_channel) on a live connection: not a lost one.
+            raise RemoteError(f"{purpose} on {t.label}: sshd refused a new session ({exc.text or exc.code}); "
+                              "is MaxSessions in its sshd_config below 10?") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             # A connection that died between two commands, or under one (no exit status), is
             # reopened once and the command run again; a second failure is real. Inside
