@@ -10,6 +10,10 @@ SFTP requests and channel opens time out, and connecting stops retrying after tw
 ``connectTimeout``; a host that could not be reached is not tried again by every resource of the
 same operation one after the other (the failure is remembered for `FAILURE_MEMORY` seconds).
 
+An answer counts only with its exit status: a channel that ends without one lost its connection
+(its output may be cut short), so the command runs again once on a new connection, or fails.
+No half-close is sent for a command without input (see `_exec`).
+
 Reads can be started ahead (`prefetch`, see readcache.py): a read-only request (`fetch`, or `run`
 with ``read=True``, `read_file`, `stat_mode`) takes a prefetched result of the very same request
 when there is one; every other command, write or removal first drops what was prefetched of
