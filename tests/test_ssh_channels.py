@@ -304,3 +304,18 @@ def test_a_session_refused_until_the_deadline_is_an_error_that_keeps_the_connect
     with pytest.raises(ssh.RemoteError, match="sshd refused a new session \\(open failed\\); is MaxSessions"):
         ssh.run(t, ["true"], purpose="probing", timeout=0.3)
     assert len(opened) == 1 and opened[0].transport.active  # not dropped: the others on it go on
+
+
+def test_a_session_open_that_times_out_is_a_lost_connection_replaced_by_a_new_one(scripted_host, monkeypatch):
+    t, connect, opened = scripted_host
+    connect()
+    connect(("ok", 0, b"fresh\n"))
+    tr_open = ScriptedTransport.open_session
+
+    def frozen_first(self, timeout=None):
+        if self is opened[0].transport:
+            raise ssh.paramiko.SSHException("Timeout opening channel.")  # no answer: not a refusal
+        return tr_open(self, timeout)
+    monkeypatch.setattr(ScriptedTransport, "open_session", frozen_first)
+    assert ssh.run(t, ["echo", "fresh"], purpose="the next command").stdout == "fresh\n"
+    assert len(opened) == 2 and ssh.counters == {"lost": 1, "retried": 1, "refused": 0}

@@ -291,13 +291,15 @@ def _open_channel(t: Target, c: paramiko.SSHClient, timeout: float) -> paramiko.
             try:
                 return transport.open_session(timeout=wait)
             except paramiko.SSHException as exc:
-                # An open that failed on a live connection is sshd refusing this session, not a
-                # lost connection: its MaxSessions also counts sessions whose command has exited
-                # until sshd has reaped it, so a burst of short commands can meet a refusal under
-                # our own cap. (paramiko keeps one refusal per connection: with several opens at
-                # once, the others see a bare "Unable to open channel.") Ask again shortly;
-                # dropping the connection would cut every other command on it.
-                if not transport.is_active():
+                # An open that sshd answered with a refusal, on a live connection, is not a lost
+                # connection: its MaxSessions also counts sessions whose command has exited until
+                # sshd has reaped it, so a burst of short commands can meet a refusal under our
+                # own cap. (paramiko keeps one refusal per connection: with several opens at once,
+                # the others see a bare "Unable to open channel.") Ask again shortly; dropping the
+                # connection would cut every other command on it. No answer at all (a timeout, a
+                # frozen connection) stays a lost connection: the caller opens a new one.
+                refused = isinstance(exc, paramiko.ChannelException) or str(exc) == "Unable to open channel."
+                if not refused or not transport.is_active():
                     raise
                 if time.monotonic() + pause > deadline:
                     raise paramiko.ChannelException(getattr(exc, "code", 0), getattr(exc, "text", str(exc))) from None
