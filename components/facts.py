@@ -123,7 +123,9 @@ def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
 
 
 # One script, one SSH round trip for every fact. Markers split the sections; each command's
-# failure is part of the answer (no nvcc yet = no toolkit), not an error of the read.
+# failure is part of the answer (no nvcc yet = no toolkit), not an error of the read. The last
+# line, @@end, says the answer is whole: without it (a connection lost mid-answer) an empty
+# section would read as "no GPUs" or "no toolkit", so `parse_facts` refuses the answer instead.
 FACTS_SCRIPT = r"""
 echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
 echo '@@smi'; nvidia-smi 2>&1 | head -n 6
@@ -131,7 +133,9 @@ echo '@@topo'; nvidia-smi topo -m 2>&1
 echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
+echo '@@end'
 """.replace("{query}", " ".join(GPU_QUERY[1:]))
+FACTS_SECTIONS = ("query", "smi", "topo", "nvcc", "os", "kernel", "end")
 
 
 @dataclass
@@ -173,15 +177,29 @@ def split_sections(text: str) -> dict[str, str]:
     return {k: "\n".join(v) for k, v in sections.items()}
 
 
+def _cut_short(text: str, missing: list[str]) -> FactError:
+    tail = text.rstrip()[-120:]
+    return FactError(f"the host-facts answer was cut short: it ends before its section(s) {', '.join(missing)} "
+                     f"({len(text)} characters, last: {tail!r}); nothing was taken from it. Run the command again; "
+                     "if it keeps happening, check the host's sshd journal for dropped connections")
+
+
 def parse_facts(text: str) -> HostFacts:
+    """The answer of `FACTS_SCRIPT`. Raises `FactError` when it is not whole (a section or the
+    final @@end missing): a cut-short answer is never read as a host without GPUs."""
     s = split_sections(text)
+    missing = [name for name in FACTS_SECTIONS if name not in s]
+    if missing:
+        raise _cut_short(text, missing)
     problems = []
-    query = s.get("query", "")
-    if "@@rc=" in query:
-        problems.append("nvidia-smi failed: " + query.split("@@rc=")[0].strip()[:200])
-        gpus = []
-    else:
-        gpus = parse_query_gpu(query)
+    query = s["query"]
+    failed = re.search(r"^@@rc=(\d+)", query, re.M)
+    said = query[:failed.start()].strip() if failed else query.strip()
+    gpus = [] if failed else parse_query_gpu(query)
+    if not gpus:
+        # What nvidia-smi itself said (its stderr is in the section: 2>&1) and its exit code.
+        problems.append(f"nvidia-smi lists no GPUs on the host: `{' '.join(GPU_QUERY)}` exited "
+                        f"{failed.group(1) if failed else 0}: {said[:300] or '(no output)'}")
     header = parse_smi_header(s.get("smi", ""))
     try:
         topo = parse_topo(s.get("topo", "")) if gpus else {"interconnect": "unknown"}
@@ -208,7 +226,12 @@ def check_facts(facts: HostFacts, *, gpu_count: int, gpu_memory_gb: float, inter
     say what to change. Empty when the host can run the strategy."""
     out = list(facts.problems)
     have = len(facts.gpus)
-    if have < needed_gpus:
+    if have == 0:
+        # Never "use world size 0": the host has a GPU problem, not a smaller layout.
+        if not any("no GPUs" in p for p in out):
+            out.append(f"the strategy needs {needed_gpus} GPUs but nvidia-smi lists none on the host; "
+                       "check the driver with `nvidia-smi` there")
+    elif have < needed_gpus:
         out.append(f"the strategy needs {needed_gpus} GPUs but the host has {have}; use a layout with world size {have} or another host")
     elif have != gpu_count:
         out.append(f"host.gpuCount says {gpu_count} but the host has {have} GPUs; set gpuCount: {have}")
@@ -218,6 +241,6 @@ def check_facts(facts: HostFacts, *, gpu_count: int, gpu_memory_gb: float, inter
         if smallest < gpu_memory_gb * 0.95:
             out.append(f"host.gpuMemoryGb says {gpu_memory_gb:g} GB but the host's GPUs have {smallest:.1f} GB; "
                        f"set gpuMemoryGb: {int(smallest)} (the memory plan depends on it)")
-    if interconnect == "nvlink" and facts.interconnect not in ("nvlink", "single"):
+    if facts.gpus and interconnect == "nvlink" and facts.interconnect not in ("nvlink", "single"):
         out.append(f"host.interconnect says nvlink but nvidia-smi topo -m shows {facts.interconnect}; set interconnect: pcie")
     return out

@@ -10,12 +10,18 @@ from .casedata import DATA, cases
 PARSERS = {
     "query_gpu": F.parse_query_gpu, "smi_header": F.parse_smi_header, "topo": F.parse_topo,
     "nvcc": F.parse_nvcc, "systemctl_show": F.parse_systemctl_show, "os_release": F.parse_os_release,
+    "facts": F.parse_facts,
 }
+# The command each parser reads (pinned in a case's "command", as pyinfra's fact cases do, so the
+# script cannot change without its cases).
+COMMANDS = {"facts": F.FACTS_SCRIPT.strip().splitlines()}
 
 
 @pytest.mark.parametrize("name,case", cases("facts"), ids=lambda x: x if isinstance(x, str) else "")
 def test_fact_case(name, case):
     text = (DATA / case["fixture"]).read_text() if "fixture" in case else case["output"]
+    if "command" in case:
+        assert case["command"] == COMMANDS[case["parser"]]
     parser = PARSERS[case["parser"]]
     args = (case["fields"],) if "fields" in case else ()
     if "error" in case:
@@ -23,6 +29,13 @@ def test_fact_case(name, case):
             parser(text, *args)
         return
     got = parser(text, *args)
+    if "check" in case:
+        # Checked against a stack: the host's own problem, never "use world size 0".
+        problems = F.check_facts(got, **case["check"])
+        assert problems == case["check_problems"]
+        assert not any("world size 0" in p for p in problems)
+    if isinstance(got, F.HostFacts):
+        got = got.as_dict()
     if isinstance(got, list):
         got = [dataclasses.asdict(g) for g in got]
     if case["parser"] == "topo":
@@ -49,6 +62,7 @@ sh: 1: /usr/local/cuda-13.0/bin/nvcc: not found
 PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
 @@kernel
 6.18.0
+@@end
 """
 
 
@@ -65,5 +79,20 @@ def test_batched_facts_parse_and_check():
 
 
 def test_nvidia_smi_failure_is_a_problem_not_a_crash():
-    f = F.parse_facts("@@query\nNVIDIA-SMI has failed\n@@rc=9\n@@smi\n@@topo\n@@nvcc\n@@os\n@@kernel\n")
-    assert f.gpus == [] and f.problems and "nvidia-smi failed" in f.problems[0]
+    f = F.parse_facts("@@query\nNVIDIA-SMI has failed\n@@rc=9\n@@smi\n@@topo\n@@nvcc\n@@os\n@@kernel\n@@end\n")
+    assert f.gpus == [] and f.problems == [f"nvidia-smi lists no GPUs on the host: `{' '.join(F.GPU_QUERY)}` exited 9: "
+                                           "NVIDIA-SMI has failed"]
+    problems = F.check_facts(f, gpu_count=8, gpu_memory_gb=141, interconnect="nvlink", needed_gpus=8)
+    assert problems == f.problems  # the reason, once; no "world size 0"
+
+
+def test_facts_stored_without_their_problem_still_name_no_gpus():
+    f = F.HostFacts.from_dict({"gpus": [], "kernel": "6.1"})  # an older state: no problems recorded
+    problems = F.check_facts(f, gpu_count=8, gpu_memory_gb=141, interconnect="nvlink", needed_gpus=8)
+    assert problems == ["the strategy needs 8 GPUs but nvidia-smi lists none on the host; "
+                        "check the driver with `nvidia-smi` there"]
+
+
+def test_the_facts_script_ends_with_the_line_that_says_the_answer_is_whole():
+    assert F.FACTS_SCRIPT.strip().splitlines()[-1] == "echo '@@end'"
+    assert [line.split("'")[1][2:] for line in F.FACTS_SCRIPT.strip().splitlines()] == list(F.FACTS_SECTIONS)

@@ -23,7 +23,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 
 from .. import readiness as R
 from .. import switch
-from ..facts import HostFacts, check_facts, parse_facts, parse_systemctl_show
+from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show
 from . import probe, reads, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
@@ -180,7 +180,10 @@ class HostFactsProvider(ResourceProvider):
             if ssh.prefetch(t, later):
                 _warm_imports()
         out = ssh.fetch_first(t, request)
-        return parse_facts(out.stdout).as_dict()
+        try:
+            return parse_facts(out.stdout).as_dict()
+        except FactError as exc:  # cut short, or not what nvidia-smi prints: never read as "0 GPUs"
+            raise ssh.RemoteError(f"reading host facts on {t.label} (exit {out.rc}): {exc}") from None
 
     @staticmethod
     def _prefetch_after_read(news: dict) -> None:

@@ -17,7 +17,8 @@ The rules, so that a prefetched result is never something the real read would no
 - a result whose read started more than `max_age` seconds ago is not served;
 - a read still in flight is waited for (until it would be too old), then given up;
 - a prefetch that failed (timeout, lost connection, an error) leaves nothing: the real read
-  runs as if there had been no prefetch, and only its own errors surface.
+  runs as if there had been no prefetch, and only its own errors surface; a command's result
+  without an exit status (its connection dropped under it) is such a failure, never stored.
 
 No I/O here: jobs are callables given by the transport (`ssh.py`), so the rules are tested
 with a fake one (tests/test_prefetch.py).
@@ -38,6 +39,13 @@ WORKERS = 4
 MISS = object()  # take(): nothing to serve, make the real read
 
 Job = tuple[list[Hashable], Callable[[], dict]]
+
+
+def _complete(value: Any) -> bool:
+    """A command's result counts only with its exit status: one without (the transport's -1 or
+    None, a connection lost under the command) may hold cut-short output, so it is never stored."""
+    rc = getattr(value, "rc", 0)
+    return isinstance(rc, int) and rc >= 0
 
 
 class _Entry:
@@ -133,7 +141,7 @@ class ReadCache:
                     for k, e in live.items():
                         if self._entries.get((scope, k)) is not e:
                             continue
-                        if valid and k in results:
+                        if valid and k in results and _complete(results[k]):
                             e.state, e.value = "done", results[k]
                             self.stats["stored"] += 1
                         else:

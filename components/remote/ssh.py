@@ -10,6 +10,10 @@ SFTP requests and channel opens time out, and connecting stops retrying after tw
 ``connectTimeout``; a host that could not be reached is not tried again by every resource of the
 same operation one after the other (the failure is remembered for `FAILURE_MEMORY` seconds).
 
+An answer counts only with its exit status: a channel that ends without one lost its connection
+(its output may be cut short), so the command runs again once on a new connection, or fails.
+No half-close is sent for a command without input (see `_exec`).
+
 Reads can be started ahead (`prefetch`, see readcache.py): a read-only request (`fetch`, or `run`
 with ``read=True``, `read_file`, `stat_mode`) takes a prefetched result of the very same request
 when there is one; every other command, write or removal first drops what was prefetched of
@@ -239,11 +243,30 @@ class _Expired(Exception):
     pass
 
 
+class _Lost(EOFError):
+    """The command's channel closed without an exit status: the connection dropped under it
+    (or the command was killed by a signal, which OpenSSH reports as no status paramiko reads).
+    Its output may be cut short, so it is never a result: `_run` reconnects and runs it again."""
+
+
+# What the transport saw (benchmarks and the rehearsal stress test read them): commands that
+# lost their connection, the commands run again on a new one, sessions sshd refused (asked again).
+counters = {"lost": 0, "retried": 0, "refused": 0}
+_counters_lock = threading.Lock()
+
+
+def _count(name: str) -> None:
+    with _counters_lock:
+        counters[name] += 1
+
+
 # sshd refuses channels beyond MaxSessions per connection (OpenSSH's default: 10), and paramiko
 # can only report the refusal as a lost connection. A refresh reads every resource at once and
 # starts their reads ahead, so the sessions open at the same time on one connection are capped
 # here, below that default with room for the switch lock's own channel (providers._lock).
 MAX_CHANNELS = 8
+# First pause before asking again for a session sshd refused (doubling up to 0.5 s).
+REFUSED_PAUSE = 0.02
 _channel_slots: dict[tuple, threading.BoundedSemaphore] = {}
 _channel_slots_lock = threading.Lock()
 
@@ -262,7 +285,27 @@ def _open_channel(t: Target, c: paramiko.SSHClient, timeout: float) -> paramiko.
     if not _slots(t).acquire(timeout=timeout):
         raise socket.timeout(f"no free SSH session on the connection within {timeout:g} s")
     try:
-        return transport.open_session(timeout=min(timeout, max(t.connect_timeout, 10.0)))
+        wait = min(timeout, max(t.connect_timeout, 10.0))
+        deadline, pause = time.monotonic() + wait, REFUSED_PAUSE
+        while True:
+            try:
+                return transport.open_session(timeout=wait)
+            except paramiko.SSHException as exc:
+                # An open that sshd answered with a refusal, on a live connection, is not a lost
+                # connection: its MaxSessions also counts sessions whose command has exited until
+                # sshd has reaped it, so a burst of short commands can meet a refusal under our
+                # own cap. (paramiko keeps one refusal per connection: with several opens at once,
+                # the others see a bare "Unable to open channel.") Ask again shortly; dropping the
+                # connection would cut every other command on it. No answer at all (a timeout, a
+                # frozen connection) stays a lost connection: the caller opens a new one.
+                refused = isinstance(exc, paramiko.ChannelException) or str(exc) == "Unable to open channel."
+                if not refused or not transport.is_active():
+                    raise
+                if time.monotonic() + pause > deadline:
+                    raise paramiko.ChannelException(getattr(exc, "code", 0), getattr(exc, "text", str(exc))) from None
+                _count("refused")
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
     except BaseException:
         _slots(t).release()
         raise
@@ -288,10 +331,16 @@ def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes]
     timer.start()
     try:
         chan.settimeout(timeout)
-        chan.exec_command(command)
-        if input is not None:
+        if input is None:
+            # No half-close when there is nothing to send: an EOF sent after a short command's
+            # channel was already closed by the server makes OpenSSH drop the whole connection
+            # ("ieof packet referred to nonexistent channel"). Stdin is /dev/null instead, so a
+            # command that reads it sees its end at once, as it would have seen our EOF.
+            chan.exec_command(command + " </dev/null")
+        else:
+            chan.exec_command(command)
             chan.sendall(input)
-        chan.shutdown_write()
+            chan.shutdown_write()
         out, err = bytearray(), bytearray()
         for sink, recv in ((out, chan.recv), (err, chan.recv_stderr)):
             while True:
@@ -300,6 +349,11 @@ def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes]
                     break
                 sink += data
         rc = chan.recv_exit_status()
+        if rc is None or rc < 0:
+            # paramiko's "no status came" (-1): the output read so far may be cut short.
+            transport = c.get_transport()
+            gone = transport is None or not transport.is_active()
+            raise _Lost("the connection dropped" if gone else "the command ended without an exit status")
     except (socket.timeout, paramiko.SSHException, EOFError, OSError) as exc:
         # socket.timeout: no data for `timeout` seconds, i.e. the deadline as well.
         if expired.is_set() or isinstance(exc, socket.timeout):
@@ -357,15 +411,24 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
             break
         except _Expired:
             raise RemoteError(f"{purpose} on {t.label} did not finish within {timeout:g} s (timed out)") from None
+        except paramiko.ChannelException as exc:
+            # Refused again and again (see _open_channel) on a live connection: not a lost one.
+            raise RemoteError(f"{purpose} on {t.label}: sshd refused a new session ({exc.text or exc.code}); "
+                              "is MaxSessions in its sshd_config below 10?") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            # A connection that died between two commands is reopened once; a second failure is
-            # real. Inside one_connection it is not reopened at all (client() says why).
+            # A connection that died between two commands, or under one (no exit status), is
+            # reopened once and the command run again; a second failure is real. Inside
+            # one_connection it is not reopened at all (client() says why).
+            _count("lost")
+            why = str(exc) if isinstance(exc, _Lost) else type(exc).__name__
             if _pin(t) is not None:
                 client(t)
-                raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
+                raise RemoteError(f"{purpose} on {t.label}: connection lost ({why})") from None
             drop(t)
             if attempt:
-                raise RemoteError(f"{purpose} on {t.label}: connection lost ({type(exc).__name__})") from None
+                raise RemoteError(f"{purpose} on {t.label}: connection lost ({why}), twice; "
+                                  "no answer was taken from it") from None
+            _count("retried")
     return rc, out, err
 
 
@@ -575,7 +638,10 @@ def prefetch(t: Target, requests: list[dict]) -> int:
 
 def _prefetch_command(t: Target, c: paramiko.SSHClient, command: str, timeout: float) -> dict:
     # Over the given connection only: no reconnect, no retry, no drop (the real read does those).
+    # A lost connection (`_Lost`: no exit status) raises, so nothing is stored for the real read.
     rc, out, err = _exec(t, c, command, None, timeout)
+    if rc is None or rc < 0:  # never a result, whatever _exec becomes
+        raise _Lost("no exit status")
     return {(t.key, "run", command): Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))}
 
 

@@ -190,23 +190,29 @@ def slow_stack(d) -> auto.Stack:
 def test_connection_dropped_during_the_readiness_wait(serving):
     d = serving
     stack = slow_stack(d)
-    loading = threading.Event()
+    # Set when the switch reaches the readiness wait, or when `up` ended before it (then the
+    # failure below shows why, instead of a 90 s wait that hides the real error).
+    loading_or_finished = threading.Event()
     outcome: dict = {}
 
     def watch(line: str):
         if f"{SLOW}: loading" in line:
-            loading.set()
+            outcome.setdefault("loading", True)
+            loading_or_finished.set()
 
     def up():
         try:
             stack.up(on_output=watch)
             outcome["result"] = "succeeded"
-        except auto.CommandError as exc:
+        except Exception as exc:  # noqa: BLE001 - reported in the assertion below, whatever it is
             outcome["error"] = str(exc)
-        outcome["at"] = time.monotonic()
+        finally:
+            outcome["at"] = time.monotonic()
+            loading_or_finished.set()
     thread = threading.Thread(target=up)
     thread.start()
-    assert loading.wait(90), "the switch never reached the readiness wait"
+    assert loading_or_finished.wait(90) and outcome.get("loading") and "at" not in outcome, \
+        f"the switch never reached the readiness wait; the up's outcome: {str(outcome)[-3000:] or 'still running after 90 s'}"
     H.fault_injected("the SSH connection killed during a switch")
     killed_at = time.monotonic()
     assert H.kill_connection_holding(d.host, f"^flock -w [0-9]+ {LOCK}")

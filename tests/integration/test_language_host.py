@@ -398,6 +398,55 @@ def test_runner_unusual_exits_are_pythons(tmp_path):
         assert want_err in proc.stderr
 
 
+EXITING = """\
+import atexit, os, sys, threading, time
+marker = sys.argv[1]
+def late_exit_step():
+    open(marker + ".atexit-started", "w").close()
+    time.sleep(float(os.environ["ATEXIT_SECONDS"]))
+    open(marker + ".atexit", "w").write("ran")
+atexit.register(late_exit_step)
+threading.Thread(target=time.sleep, args=(float(os.environ["THREAD_SECONDS"]),)).start()  # the exit waits for it
+print("ended", flush=True)
+sys.exit(3)  # a failed run, as pulumi-language-python-exec ends one
+"""
+
+
+@pytest.mark.parametrize("during", ["the wait for the program's threads", "an atexit handler"])
+def test_runner_sigint_after_the_program_ended_exits_quietly_with_its_status(tmp_path, during):
+    """The engine closes a plugin by sending SIGINT to its process group, which holds the program
+    our language host runs: after a failed `pulumi up` it can land while the program is already
+    exiting. That used to print a KeyboardInterrupt traceback from the runner's own exit routine
+    under the real error (and end the process by the signal)."""
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING)
+    marker = tmp_path / "m"
+    in_threads = during.startswith("the wait")
+    env = dict(os.environ, THREAD_SECONDS="30" if in_threads else "0", ATEXIT_SECONDS="0" if in_threads else "1")
+    proc = subprocess.Popen([sys.executable, "-u", str(RUNNER), "--script", str(script), str(marker)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "ended\n"
+        if in_threads:
+            time.sleep(0.5)  # in threading's shutdown, waiting for the sleeping thread
+        else:
+            deadline = time.monotonic() + 10
+            while not (tmp_path / "m.atexit-started").exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        started = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 3, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert (tmp_path / "m.atexit").read_text() == "ran"  # the exit steps after the wait still ran
+    if in_threads:
+        assert time.monotonic() - started < 5  # stopped waiting for the 30 s thread
+
+
 def test_launcher_execs_python_and_stops_on_sigint(tmp_path):
     env = dict(os.environ, PULUMI_RUNTIME_VIRTUALENV=str(VENV))
     proc = subprocess.Popen([str(LAUNCHER), "127.0.0.1:1"], stdout=subprocess.PIPE, env=env, cwd=tmp_path,

@@ -21,7 +21,8 @@
 #
 # The argv, sys.path[0] and the __main__ module the program sees are those of a plain run.
 # Anything unusual (an uncaught exception, a SystemExit code that is not a small int) goes
-# through the interpreter's ordinary exit. GPU_SERVING_PYTHON_FULL_EXIT=1 makes the language host
+# through the interpreter's ordinary exit. A SIGINT once the program has ended (the engine closing
+# a plugin's process group) ends the exit quietly, with the program's own status (see _gs_finish). GPU_SERVING_PYTHON_FULL_EXIT=1 makes the language host
 # and the launcher not use this runner at all.
 
 
@@ -104,12 +105,32 @@ def _gs_finish(status):
     import atexit
     import gc
     import os
+    import signal
     import sys
     import threading
 
     import _io
 
-    threading._shutdown()
+    # The program has ended with `status`. The engine, closing its plugins, sends SIGINT to a
+    # whole process group, so one can reach a program that is already on its way out (our
+    # language host's group holds the program; a failed `pulumi up` closes it at any moment). It
+    # means "exit now", not a new error: it stops the wait for the program's threads, as the
+    # interpreter's exit does (there with an "Exception ignored" traceback, here silently), and is
+    # ignored in the short steps after. The status stays the program's.
+    waiting = [True]
+
+    def on_sigint(signum, frame):
+        if waiting[0]:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        try:
+            threading._shutdown()
+        finally:
+            waiting[0] = False  # from here on a SIGINT is ignored (on_sigint returns)
+    except KeyboardInterrupt:
+        pass
     atexit._run_exitfuncs()
     for obj in gc.get_objects():
         # _io._IOBase (not the io.IOBase ABC, whose isinstance check is ~4x slower): every built-in
