@@ -61,6 +61,9 @@ class ServingUnit(pulumi.ComponentResource):
             "unit": plan.unit.name,
             "siblings": [f"{s.serving.unit_prefix}-{s.model.name}-{x}.service" for x in plan.siblings],
             "configHash": config_hash,
+            # What the main process must run, compared with /proc/<MainPID> on refresh.
+            "execStart": plan.unit.exec_start,
+            "environment": plan.environment,
             "bind": s.serving.host,
             "port": s.serving.port,
             "declared": declared_layout(plan),
