@@ -351,4 +351,4 @@ def compare_running(declared_argv: list[str], declared_environment: dict[str, st
 
 def running_reason(differences: list[str]) -> str:
     """The value of the service's `runningServer` field when the process differs."""
-    return "the running server was started from other settings: " + "; ".join(differences)
+    return "the running server was started from other settings (an up restarts it): " + "; ".join(differences)

@@ -544,8 +544,18 @@ class ReadinessProvider(ResourceProvider):
         was restarted by systemd after a crash, by an operator, or by an interrupted run), so one
         `up` ends with the verdict rather than recording "loading" as drift for ever."""
         report = self._probe(props)
+        t = _require_target(props)
+        deadline = time.monotonic() + float((props.get("readiness") or {}).get("timeoutSeconds", 3600))
+        if report.status == R.STOPPED:
+            # Between a crash and systemd's restart (RestartSec): the restart is coming, wait for it.
+            state = probe.unit_state(t, props["unit"])
+            if state.sub_state == "auto-restart":
+                _progress(f"{props['unit']}: systemd restarts it (it was killed or crashed); waiting")
+            while state.sub_state == "auto-restart" and time.monotonic() < deadline:
+                time.sleep(1)
+                state = probe.unit_state(t, props["unit"])
+            report = self._probe(props)
         if report.status == R.LOADING:
-            t = _require_target(props)
             _progress(f"{props['unit']}: {report.reason}; waiting for it to be ready")
             baseline = probe.unit_state(t, props["unit"])
             report = probe.wait_ready(t, props["unit"], bind=props["bind"], port=int(props["port"]),
