@@ -172,8 +172,11 @@ def compare_layout(declared: dict[str, Any], server_info: dict[str, Any]) -> lis
 
 def layout_reason(mismatches: list[dict[str, Any]]) -> str:
     """Every layout_mismatch message: each field, declared vs running."""
+    def shown(value: Any) -> Any:
+        # Pulumi state turns ints into floats: say 8, not 8.0.
+        return int(value) if isinstance(value, float) and value.is_integer() else value
     return "the server runs another layout than declared: " + ", ".join(
-        f"{m['field']} declared {m['declared']} running {m['running']}" for m in mismatches)
+        f"{m['field']} declared {shown(m['declared'])} running {shown(m['running'])}" for m in mismatches)
 
 
 def next_poll(previous: float, initial: float, maximum: float) -> float:

@@ -429,7 +429,7 @@ class ServiceProvider(ResourceProvider):
     def create(self, props):
         outs = self._start(props, restart=True)
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
-                            outs={**outs, "runningServer": self._running_now(props)})
+                            outs={**outs, "runningServer": self._running_now(props), "readinessReport": self._last_check(outs)})
 
     def update(self, id, olds, news):
         # Restart when the declaration changed, or when the running process was started from
@@ -440,7 +440,16 @@ class ServiceProvider(ResourceProvider):
         if restart and olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING):
             _progress(f"{news['unit']}: restarting: {olds['runningServer']}")
         outs = self._start(news, restart=restart)
-        return UpdateResult(outs={**outs, "runningServer": self._running_now(news)})
+        return UpdateResult(outs={**outs, "runningServer": self._running_now(news),
+                                  "readinessReport": self._last_check(outs, olds)})
+
+    @staticmethod
+    def _last_check(outs: dict, olds: Optional[dict] = None) -> dict:
+        """The report of the last start that checked readiness; one with no `checked_at` when there
+        never was one (not an empty map, which the state may drop). Never None: an output left empty is *unknown* in every later preview, so the readiness
+        check downstream would be "to update" in each preview and unchanged in each up, for
+        ever (the drift that only two switches cured)."""
+        return outs.get("readinessReport") or (olds or {}).get("readinessReport") or {"checked_at": ""}
 
     @staticmethod
     def _split_read(stdout: str) -> tuple[str, dict[str, str]]:
@@ -501,6 +510,8 @@ class ServiceProvider(ResourceProvider):
                 "runningServer": news.get("runningServer", R.AS_DECLARED) if active else olds["runningServer"]}
         changed = _changed(olds, news, ["unit", "configHash", "declared", "siblings", "port", "bind", "active", "enabled",
                                         "connection", "runningServer", "execStart", "environment"])
+        if olds.get("readinessReport") is None:
+            changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
 
     def delete(self, id, props):

@@ -45,7 +45,8 @@ def drift_text(d, stack: str) -> str:
     lines: list[str] = []
     with pytest.raises(auto.CommandError) as info:
         d.stack(stack).preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
-    return "\n".join(lines) + str(info.value)
+    text = "\n".join(lines) + str(info.value)
+    return text
 
 
 def check_is_clean(d, stack: str) -> None:
