@@ -280,8 +280,10 @@ class ServiceProvider(ResourceProvider):
     by readiness, rolled back to the strategy that served before when it fails.
 
     props: connection, unit, siblings (sibling unit names), configHash (unit + environment:
-    a change restarts the unit), bind, port, declared (layout for readiness), readiness
-    (deadlines), enabled, active.
+    a change restarts the unit), execStart and environment (what the main process must run,
+    compared with /proc/<MainPID> by `read`), bind, port, declared (layout for readiness),
+    readiness (deadlines), enabled, active. Outputs: runningServer ("as declared", "not
+    running", or what the process runs otherwise: then `update` restarts it), readinessReport.
     """
 
     @staticmethod
