@@ -121,15 +121,17 @@ def test_after_kill_9_one_up_converges_and_the_check_is_clean(serving):
 
 def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(serving):
     d = serving
-    # ep8 loads slowly (its own environment file, so tp8's is untouched): the run is killed
-    # while it waits for readiness, after ep8 started and tp8 stopped.
+    # ep8 loads slowly (its own environment file, so tp8's is untouched). It was deployed before
+    # (tp8 serves again since): the switch back to it, with the same settings, is killed while it
+    # waits for readiness, after ep8 started and tp8 stopped.
     project = yaml.safe_load((d.project / "Pulumi.yaml").read_text())["config"]
     serving_settings = copy.deepcopy(project["gpu-serving:serving"]["value"])
-    serving_settings["environment"] = {**serving_settings["environment"], **FAST_ENV, "REHEARSAL_LOAD_SECONDS": "25"}
+    serving_settings["environment"] = {**serving_settings["environment"], **FAST_ENV, "REHEARSAL_LOAD_SECONDS": "12"}
     serving_settings["environmentDir"] = "/etc/gpu-serving/ep8"
     d.write_stack_file("ep8", {"tpSize": 8, "epSize": 8}, {"gpu-serving:serving": serving_settings,
                                                            "gpu-serving:readiness": FAST_READINESS})
-    d.stack("ep8")  # created and selected through the Automation API
+    assert d.stack("ep8").up().outputs["readiness"].value["status"] == "ready"
+    assert d.stack("tp8").up().outputs["readiness"].value["status"] == "ready"
     run = subprocess.Popen([str(bin_dir(d.env) / "pulumi"), "up", "--stack", "ep8", "--yes", "--skip-preview"],
                            cwd=d.project, env=d.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            start_new_session=True)
