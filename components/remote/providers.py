@@ -448,9 +448,10 @@ class ServiceProvider(ResourceProvider):
     @staticmethod
     def _last_check(outs: dict, olds: Optional[dict] = None) -> dict:
         """The report of the last start that checked readiness; one with no `checked_at` when there
-        never was one (not an empty map, which the state may drop). Never None: an output left empty is *unknown* in every later preview, so the readiness
-        check downstream would be "to update" in each preview and unchanged in each up, for
-        ever (the drift that only two switches cured)."""
+        never was one (not an empty map, which the state may drop). Never None: an output left
+        empty is *unknown* in every later preview, so the readiness check downstream would be "to
+        update" in each preview and unchanged in each up, for ever (the drift that only two
+        switches cured)."""
         return outs.get("readinessReport") or (olds or {}).get("readinessReport") or {"checked_at": ""}
 
     @staticmethod
