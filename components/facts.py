@@ -193,7 +193,7 @@ def parse_facts(text: str) -> HostFacts:
         raise _cut_short(text, missing)
     problems = []
     query = s["query"]
-    failed = re.search(r"^@@rc=(\d+)", query, re.M)
+    failed = re.search(r"^@@rc=([0-9]+)", query, re.M)
     said = query[:failed.start()].strip() if failed else query.strip()
     gpus = [] if failed else parse_query_gpu(query)
     if not gpus:

@@ -8,7 +8,15 @@ server's own resolved layout equals the declared one). Each outcome has a name:
 - ``crashed_during_load``: the unit failed, exited or was restarted by systemd before ready;
 - ``timed_out``: still loading (port closed or warming up) at the deadline;
 - ``unhealthy``: the server is up (it logged ready, or answered once) but generation fails;
-- ``layout_mismatch``: it serves, but not the layout the stack declares.
+- ``layout_mismatch``: it serves, but not the layout the stack declares (the reason lists each
+  field, declared vs running).
+
+A refresh looks once, without a start to compare with, and adds two names of its own, so that
+"was ready, then stopped answering" is never mistaken for "never became ready":
+
+- ``loading``: the unit runs but the server does not answer yet (systemd restarted it after a
+  crash, or someone restarted it): not a failure yet; an `up` waits for it;
+- ``stopped``: the unit does not run at all (stopped, failed, or waiting for systemd's restart).
 
 The remote part (`components/remote/probe.py`) only gathers `Observation`s; everything that
 decides lives here and is tested with data.
@@ -23,7 +31,10 @@ CRASHED = "crashed_during_load"
 TIMED_OUT = "timed_out"
 UNHEALTHY = "unhealthy"
 LAYOUT_MISMATCH = "layout_mismatch"
-OUTCOMES = (READY, CRASHED, TIMED_OUT, UNHEALTHY, LAYOUT_MISMATCH)
+# Seen only by a refresh's single look (`judge_now`), never as the end of a start:
+LOADING = "loading"  # the unit runs, the server does not answer yet: it was (re)started
+STOPPED = "stopped"  # the unit does not run: it was stopped, failed, or waits to be restarted
+OUTCOMES = (READY, CRASHED, TIMED_OUT, UNHEALTHY, LAYOUT_MISMATCH, LOADING, STOPPED)
 
 # Fields of /server_info that make up the declared layout, compared one by one.
 LAYOUT_FIELDS = ("tp_size", "pp_size", "ep_size", "dp_size", "enable_dp_attention", "model_path",
@@ -112,6 +123,28 @@ def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: 
     return Verdict(None, phase_of(obs))
 
 
+def judge_now(obs: Observation) -> Verdict:
+    """The verdict of one look at a unit nobody just started (a refresh): no baseline, no
+    deadline, no journal. A server that loads is `loading`, not a failure: an `up` waits for it."""
+    u = obs.unit
+    running = u.active_state in ("active", "activating", "reloading") and u.sub_state != "auto-restart"
+    if not running:
+        how = f"unit is {u.active_state}" + (f" ({u.sub_state})" if u.sub_state else "")
+        if u.result and u.result != "success":
+            how += f", last result {u.result}, exit status {u.exec_main_status}"
+        return Verdict(STOPPED, "stopped", f"the server does not run: {how}")
+    if obs.health == 200:
+        return Verdict(READY, "generating")
+    if obs.health == 0:
+        return Verdict(LOADING, "loading", "the unit runs but the port is closed: the server is loading "
+                                           f"({u.n_restarts} restart(s) by systemd so far)")
+    if obs.health == 503:
+        return Verdict(LOADING, "warming up", "the server answers /health_generate with 503: warming up, "
+                                              "or generation fails")
+    return Verdict(UNHEALTHY, "generating", f"the server is up but /health_generate answers {obs.health}: "
+                                            "generation fails")
+
+
 def _number(value: Any) -> Optional[float]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
@@ -135,6 +168,15 @@ def compare_layout(declared: dict[str, Any], server_info: dict[str, Any]) -> lis
         if not same:
             out.append({"field": key, "declared": want, "running": have})
     return out
+
+
+def layout_reason(mismatches: list[dict[str, Any]]) -> str:
+    """Every layout_mismatch message: each field, declared vs running."""
+    def shown(value: Any) -> Any:
+        # Pulumi state turns ints into floats: say 8, not 8.0.
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+    return "the server runs another layout than declared: " + ", ".join(
+        f"{m['field']} declared {shown(m['declared'])} running {shown(m['running'])}" for m in mismatches)
 
 
 def next_poll(previous: float, initial: float, maximum: float) -> float:
@@ -169,3 +211,146 @@ class Report:
 def resolved_layout(server_info: dict[str, Any]) -> dict[str, Any]:
     keys = ("tp_size", "pp_size", "ep_size", "dp_size", "enable_dp_attention", "moe_a2a_backend")
     return {k: server_info.get(k) for k in keys}
+
+
+def build_report(verdict: Verdict, *, unit: str, url: str, declared: dict[str, Any], checked_at: str,
+                 info_read: Optional[tuple[str, dict, dict]] = None,
+                 seconds_to_ready: Optional[float] = None) -> Report:
+    """The one builder of the readiness report, for a start (`probe.wait_ready`) and a refresh
+    alike. `verdict.outcome` must be decided; `info_read` is (probe used, /server_info,
+    /v1/models) when the server generates: a ready server is then checked against the declared
+    layout and becomes `layout_mismatch` (naming each field) when it differs."""
+    if verdict.outcome not in OUTCOMES:
+        raise ValueError(f"not an outcome: {verdict.outcome!r}")
+    report = Report(status=verdict.outcome, unit=unit, url=url, checked_at=checked_at, reason=verdict.reason)
+    if verdict.outcome != READY:
+        return report
+    probe, info, models = info_read or ("/server_info", {}, {})
+    report.probe = f"/health_generate + {probe}"
+    report.seconds_to_ready = seconds_to_ready
+    report.layout = resolved_layout(info)
+    report.model = info.get("model_path")
+    data = (models or {}).get("data") or []
+    report.served_model_name = data[0].get("id") if data and isinstance(data[0], dict) else info.get("served_model_name")
+    report.version = info.get("version")
+    report.mismatches = compare_layout(declared, info)
+    if report.mismatches:
+        report.status = LAYOUT_MISMATCH
+        report.reason = layout_reason(report.mismatches)
+    return report
+
+
+# --- What the running server was started from ------------------------------------------------
+#
+# The files on the host can be repaired while the process still runs what a hand edit gave it
+# (edit, `systemctl restart`, files restored). So the service reads back what its main process
+# really runs, /proc/<MainPID>/cmdline and /proc/<MainPID>/environ (what systemd passed at exec,
+# whatever the process did since), and compares it with the declaration: argv exactly, every
+# declared variable exactly, and any variable that neither the declaration nor systemd put there.
+# A hash carried in the unit's Environment= would not do: a hand edit of ExecStart keeps it.
+
+AS_DECLARED = "as declared"
+NOT_RUNNING = "not running"
+
+# Variables systemd sets for a service itself (systemd.exec(5), "Environment Variables in Spawned
+# Processes"), by name; the manager's own environment (`systemctl show-environment`) is compared
+# by value instead.
+SYSTEMD_VARIABLES = frozenset({
+    "PATH", "LANG", "LANGUAGE", "USER", "LOGNAME", "HOME", "SHELL", "INVOCATION_ID", "XDG_RUNTIME_DIR",
+    "RUNTIME_DIRECTORY", "STATE_DIRECTORY", "CACHE_DIRECTORY", "LOGS_DIRECTORY", "CONFIGURATION_DIRECTORY",
+    "CREDENTIALS_DIRECTORY", "MAINPID", "MANAGERPID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES",
+    "NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "SYSTEMD_EXEC_PID", "TERM", "JOURNAL_STREAM",
+    "SERVICE_RESULT", "EXIT_CODE", "EXIT_STATUS", "PIDFILE", "FDSTORE", "LOG_NAMESPACE",
+    "MEMORY_PRESSURE_WATCH", "MEMORY_PRESSURE_WRITE", "REMOTE_ADDR", "REMOTE_PORT", "SYSTEMD_NSS_DYNAMIC_BYPASS",
+})
+
+
+def parse_environment(text: str) -> dict[str, str]:
+    """KEY=value lines of an EnvironmentFile as systemd reads the ones we write (comments and
+    blank lines skipped, one pair of double quotes removed, backslash escapes inside them)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        key, _, value = line.partition("=")
+        key, value = key.strip(), value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+        out[key] = value
+    return out
+
+
+def secret_hash(secrets: Optional[dict[str, str]]) -> str:
+    """The secret part of the running config, as a hash: the values never leave it."""
+    import hashlib
+    return hashlib.sha256(repr(sorted((secrets or {}).items())).encode()).hexdigest()
+
+
+def running_config_hash(argv: list[str], environment: dict[str, str], secret_hash: str) -> str:
+    """`configHash`: what the server is started from, the ExecStart argv, every variable the
+    process gets (the shared file's and the unit's own) and the secrets' hash, and nothing else
+    of the unit text (its comments, Description=, Conflicts= or After= lines, or which file a
+    variable comes from, never restart a server)."""
+    import hashlib
+    import json
+    doc = {"argv": [str(a) for a in argv], "environment": sorted(environment.items()), "secrets": secret_hash}
+    return hashlib.sha256(json.dumps(doc, separators=(",", ":")).encode()).hexdigest()
+
+
+def split_nul(data: bytes) -> list[str]:
+    """/proc/<pid>/cmdline or environ: NUL-terminated strings."""
+    return [part.decode(errors="replace") for part in data.split(b"\0") if part]
+
+
+def _flag_groups(argv: list[str]) -> list[tuple[str, str]]:
+    """argv as (flag, its values), so a difference reads `--max-running-requests 128`."""
+    groups: list[tuple[str, list[str]]] = []
+    for arg in argv:
+        if arg.startswith("--") or not groups:
+            groups.append((arg, []))
+        else:
+            groups[-1][1].append(arg)
+    return [(flag, " ".join(values)) for flag, values in groups]
+
+
+def compare_running(declared_argv: list[str], declared_environment: dict[str, str], secret_keys_same: dict[str, bool],
+                    running_argv: list[str], running_environment: dict[str, str],
+                    manager_environment: dict[str, str]) -> list[str]:
+    """Each way the running process differs from the declaration, in words (no secret value).
+
+    `secret_keys_same`: for each secret variable, whether the process has the declared value (the
+    caller compares; only the answer comes here)."""
+    out: list[str] = []
+    if [str(a) for a in declared_argv] != running_argv:
+        want = dict(_flag_groups([str(a) for a in declared_argv]))
+        have = dict(_flag_groups(running_argv))
+        for flag in list(want) + [f for f in have if f not in want]:
+            if flag not in have:
+                out.append(f"{flag} {want[flag]}".rstrip() + " declared, not running")
+            elif flag not in want:
+                out.append(f"{flag} {have[flag]}".rstrip() + " running, not declared")
+            elif want[flag] != have[flag]:
+                out.append(f"{flag} {have[flag]} (declared {want[flag]})")
+        if not out:
+            out.append("ExecStart differs in the order of its arguments")
+    for key, value in sorted(declared_environment.items()):
+        if key not in running_environment:
+            out.append(f"{key} not set (declared {value})")
+        elif running_environment[key] != value:
+            out.append(f"{key}={running_environment[key]} (declared {value})")
+    for key, same in sorted(secret_keys_same.items()):
+        if not same:
+            out.append(f"{key} (a secret) is not the declared value")
+    for key, value in sorted(running_environment.items()):
+        if key in declared_environment or key in secret_keys_same or key in SYSTEMD_VARIABLES:
+            continue
+        if manager_environment.get(key) == value:
+            continue
+        out.append(f"{key}={value} set, not declared")
+    return out
+
+
+def running_reason(differences: list[str]) -> str:
+    """The value of the service's `runningServer` field when the process differs."""
+    return "the running server was started from other settings (an up restarts it): " + "; ".join(differences)

@@ -25,6 +25,9 @@ class ReadinessCheck(pulumi.ComponentResource):
             "bind": s.serving.host,
             "port": s.serving.port,
             "declared": declared_layout(plan),
+            # The deadlines, for an `up` that finds the server loading (restarted by systemd or
+            # an interrupted run) and waits for it.
+            "readiness": s.readiness.model_dump(by_alias=True),
             # The service's own wait-for-ready result; re-probed on refresh.
             "report": unit.readiness_report,
         }, pulumi.ResourceOptions(parent=self, depends_on=[unit]))

@@ -7,6 +7,7 @@ from typing import Any, Optional
 import pulumi
 from pulumi.dynamic import Resource
 
+from .readiness import AS_DECLARED
 from .remote import providers
 
 
@@ -32,6 +33,9 @@ class RemoteFile(Resource):
 
 class Service(Resource):
     active: pulumi.Output[bool]
+    # "as declared" when the main process runs the declared ExecStart and environment; after a
+    # refresh, what it runs otherwise (the named drift field a preview shows).
+    runningServer: pulumi.Output[str]
     enabled: pulumi.Output[bool]
     previous: pulumi.Output[Optional[str]]
     readinessReport: pulumi.Output[Optional[dict]]
@@ -39,7 +43,7 @@ class Service(Resource):
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(providers.ServiceProvider(), name,
                          {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
-                          "previous": None, "readinessReport": None},
+                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None},
                          _opts(opts, ["connection"]))
 
 

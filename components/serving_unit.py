@@ -2,12 +2,11 @@
 service's state, each a resource with a real read so hand edits show up as drift."""
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Optional
 
 import pulumi
 
+from . import readiness as R
 from .gpu_host import GpuHost
 from .plan import ServingPlan
 from .resources import RemoteFile, Service
@@ -21,14 +20,6 @@ def declared_layout(plan: ServingPlan) -> dict:
     return {"tp_size": plan.layout.tp_size, "pp_size": plan.layout.pp_size, "ep_size": plan.layout.ep_size,
             "dp_size": plan.layout.dp_size, "enable_dp_attention": plan.layout.enable_dp_attention,
             "model_path": s.model.path, "served_model_name": s.model.served_name, "port": s.serving.port}
-
-
-def config_hash(plan: ServingPlan, secret_hash: str) -> str:
-    """What the server runs with: its argv and its whole environment (plain, and the secrets'
-    digest). A change restarts it; the rest of the unit's text (its description, a Conflicts= line
-    of an older version, which file a variable comes from) does not."""
-    return hashlib.sha256(json.dumps({"argv": plan.unit.exec_start, "environment": plan.environment,
-                                      "secrets": secret_hash}, sort_keys=True).encode()).hexdigest()
 
 
 class ServingUnit(pulumi.ComponentResource):
@@ -62,12 +53,14 @@ class ServingUnit(pulumi.ComponentResource):
             "mode": "0644",
             "reloadSystemd": True,
         }, child)
-        secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(
-            lambda d: hashlib.sha256(repr(sorted((d or {}).items())).encode()).hexdigest())
+        secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(R.secret_hash)
         self.service = Service(f"{prefix}service", {
             "connection": host.connection,
             "unit": plan.unit.name,
-            "configHash": secret_hash.apply(lambda sh: config_hash(plan, sh)),
+            "configHash": secret_hash.apply(lambda sh: R.running_config_hash(plan.unit.exec_start, plan.environment, sh)),
+            # What the main process must run, compared with /proc/<MainPID> on refresh.
+            "execStart": plan.unit.exec_start,
+            "environment": plan.environment,
             "bind": s.serving.host,
             "port": s.serving.port,
             "declared": declared_layout(plan),

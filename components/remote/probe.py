@@ -121,9 +121,14 @@ def journal_tail(t: ssh.Target, unit: str, since: int, lines: int = 50, secrets=
     return ssh.redact(out.stdout.strip(), secrets)
 
 
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
 def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict[str, Any], settings: dict[str, float],
-               since: int, baseline: R.UnitState, progress: Callable[[str], None]) -> R.Report:
-    """Poll until a verdict; returns the report (status is one of readiness.OUTCOMES)."""
+               since: Optional[int], baseline: R.UnitState, progress: Callable[[str], None]) -> R.Report:
+    """Poll until a verdict; returns the report (status is one of readiness.OUTCOMES).
+    `since` None: the journal is not read (waiting for a server someone else started)."""
     address = probe_address(bind)
     url = f"http://{address}:{port}"
     start = time.monotonic()
@@ -158,20 +163,8 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
                     verdict = R.Verdict(R.UNHEALTHY if verdict.outcome is None else verdict.outcome, "generating",
                                         verdict.reason or f"answered once, then /health_generate {again.health}")
         if verdict.outcome:
-            report = R.Report(status=verdict.outcome, unit=unit, url=url, seconds_to_ready=None,
-                              checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), reason=verdict.reason)
-            if verdict.outcome == R.READY:
-                probe, info, models = info_read or server_info(t, address, port)
-                report.probe = f"/health_generate + {probe}"
-                report.seconds_to_ready = round(time.monotonic() - start, 1)
-                report.layout = R.resolved_layout(info)
-                report.model = info.get("model_path")
-                report.served_model_name = (models.get("data") or [{}])[0].get("id") if models else info.get("served_model_name")
-                report.version = info.get("version")
-                report.mismatches = R.compare_layout(declared, info)
-                if report.mismatches:
-                    report.status = R.LAYOUT_MISMATCH
-                    report.reason = "the server runs another layout than declared: " + ", ".join(
-                        f"{m['field']} declared {m['declared']} running {m['running']}" for m in report.mismatches)
-            return report
+            if verdict.outcome == R.READY and info_read is None:
+                info_read = server_info(t, address, port)
+            return R.build_report(verdict, unit=unit, url=url, declared=declared, checked_at=now_iso(), info_read=info_read,
+                                  seconds_to_ready=round(time.monotonic() - start, 1))
         pause = R.next_poll(pause, float(settings.get("pollInitialSeconds", 0.5)), float(settings.get("pollMaxSeconds", 30)))

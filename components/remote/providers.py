@@ -23,7 +23,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 
 from .. import readiness as R
 from .. import switch
-from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show
+from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show, split_sections
 from . import probe, reads, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
@@ -353,8 +353,11 @@ class ServiceProvider(ResourceProvider):
     by readiness, rolled back to the strategy that served before when it fails.
 
     props: connection, unit, configHash (what the server runs with: argv and environment; a
-    change restarts the unit), bind, port, declared (layout for readiness), readiness (deadlines),
-    enabled, active. The other strategies are found on the host when switching (switch.py).
+    change restarts the unit), execStart and environment (what the main process must run,
+    compared with /proc/<MainPID> by `read`), bind, port, declared (layout for readiness),
+    readiness (deadlines), enabled, active. The other strategies are found on the host when
+    switching (switch.py). Outputs: runningServer ("as declared", "not running", or what the
+    process runs otherwise: then `update` restarts it), readinessReport.
     """
 
     @staticmethod
@@ -525,25 +528,98 @@ class ServiceProvider(ResourceProvider):
                 "enabled": state.get("UnitFileState") == "enabled"}
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._start(props, restart=True))
+        outs = self._start(props, restart=True)
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
+                            outs={**outs, "runningServer": self._running_now(props), "readinessReport": self._last_check(outs)})
 
     def update(self, id, olds, news):
-        restart = olds.get("configHash") != news.get("configHash") or olds.get("declared") != news.get("declared")
-        return UpdateResult(outs=self._start(news, restart=restart))
+        # Restart when the declaration changed, or when the running process was started from
+        # other settings than the ones it declares (a hand edit + restart, since repaired on
+        # disk): rewriting the files alone would leave it running the edit.
+        changed = olds.get("configHash") != news.get("configHash")
+        if changed and "execStart" not in olds:
+            # A state written by an earlier version hashed the whole unit text: its hash always
+            # differs. The process itself says whether it already runs what is declared, so an
+            # upgrade of gpu-serving never restarts a model that serves as declared.
+            changed = self._running_now(news) != R.AS_DECLARED
+        restart = (changed or olds.get("declared") != news.get("declared")
+                   or olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING))
+        if restart and olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING):
+            _progress(f"{news['unit']}: restarting: {olds['runningServer']}")
+        outs = self._start(news, restart=restart)
+        return UpdateResult(outs={**outs, "runningServer": self._running_now(news),
+                                  "readinessReport": self._last_check(outs, olds)})
+
+    @staticmethod
+    def _last_check(outs: dict, olds: Optional[dict] = None) -> dict:
+        """The report of the last start that checked readiness; one with no `checked_at` when there
+        never was one (not an empty map, which the state may drop). Never None: an output left
+        empty is *unknown* in every later preview, so the readiness check downstream would be "to
+        update" in each preview and unchanged in each up, for ever (the drift that only two
+        switches cured)."""
+        return outs.get("readinessReport") or (olds or {}).get("readinessReport") or {"checked_at": ""}
+
+    @staticmethod
+    def _split_read(stdout: str) -> tuple[str, dict[str, str]]:
+        """SERVICE_SCRIPT's answer: the `systemctl show` block, and the process sections."""
+        head, marker, rest = stdout.partition("\n@@cmdline\n")
+        return head, (split_sections("@@cmdline\n" + rest) if marker else {})
+
+    @staticmethod
+    def _running(props: dict, state: dict[str, str], sections: dict[str, str]) -> str:
+        """`runningServer`: AS_DECLARED, NOT_RUNNING, or what the main process runs otherwise
+        (R.running_reason). Secret values are compared here and never leave this function."""
+        import base64
+        if state.get("ActiveState") not in ("active", "reloading") or not sections.get("cmdline", "").strip():
+            return R.NOT_RUNNING
+        if "execStart" not in props or "environment" not in props:
+            return R.AS_DECLARED  # a state written before the process was compared: nothing to compare with
+        try:
+            argv = R.split_nul(base64.b64decode(sections.get("cmdline", "").strip()))
+            environ = R.split_nul(base64.b64decode(sections.get("environ", "").strip()))
+        except ValueError:
+            return R.NOT_RUNNING  # the process ended while it was read
+        running_env = dict(item.partition("=")[::2] for item in environ)
+        manager = dict(line.partition("=")[::2] for line in sections.get("manager", "").splitlines() if "=" in line)
+        secrets = props.get("secretEnvironment") or {}
+        same = {key: running_env.get(key) == value for key, value in secrets.items()}
+        differences = R.compare_running(props["execStart"], props["environment"] or {}, same, argv, running_env, manager)
+        return R.running_reason(differences) if differences else R.AS_DECLARED
+
+    def _read_live(self, t: ssh.Target, props: dict) -> Optional[dict]:
+        request, = self.read_requests(props)
+        head, sections = self._split_read(ssh.fetch(t, request).stdout)
+        state = self._states(head, [props["unit"]])[props["unit"]]
+        if state.get("LoadState") == "not-found":
+            return None
+        return {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled",
+                "runningServer": self._running(props, state, sections)}
+
+    def _running_now(self, props: dict) -> str:
+        """After a start: what the process runs, read back rather than assumed."""
+        if not props.get("active", True):
+            return R.NOT_RUNNING
+        live = self._read_live(_require_target(props), props)
+        return live["runningServer"] if live else R.NOT_RUNNING
 
     def read(self, id, props):
         t = _require_target(props)
-        request, = self.read_requests(props)
-        state = self._states(ssh.fetch(t, request).stdout, [props["unit"]])[props["unit"]]
-        if state.get("LoadState") == "not-found":
+        live = self._read_live(t, props)
+        if live is None:
             return ReadResult(id_=None, outs={})
-        live = {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
         outs = {**props, **live}
         return ReadResult(id_=id, outs=outs, inputs={**{k: props[k] for k in props if k not in ("previous", "readinessReport")}, **live})
 
     def diff(self, id, olds, news):
-        changed = _changed(olds, {**news, "active": news.get("active", True), "enabled": news.get("enabled", True)},
-                           ["unit", "configHash", "declared", "port", "bind", "active", "enabled", "connection"])
+        active = news.get("active", True)
+        # A state written before the process was compared has no runningServer: as declared.
+        olds = {**olds, "runningServer": olds.get("runningServer", R.AS_DECLARED)}
+        news = {**news, "active": active, "enabled": news.get("enabled", True),
+                "runningServer": news.get("runningServer", R.AS_DECLARED) if active else olds["runningServer"]}
+        changed = _changed(olds, news, ["unit", "configHash", "declared", "port", "bind", "active", "enabled",
+                                        "connection", "runningServer", "execStart", "environment"])
+        if olds.get("readinessReport") is None:
+            changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
 
     def delete(self, id, props):
@@ -559,54 +635,78 @@ def props_unit(props: dict) -> str:
 
 class ReadinessProvider(ResourceProvider):
     """The readiness report as a resource: created from the service's check, re-probed on
-    refresh, so a server that died since the last `up` shows as drift."""
+    refresh, so a server that died since the last `up` shows as drift. Every report, here and
+    in the service's start, is built by readiness.build_report.
 
-    def create(self, props):
-        report = props.get("report") or self._probe(props)
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:readiness", outs={**props, **report})
+    props: connection, unit, bind, port, declared (layout), report (the service's check when it
+    started the unit), readiness (the deadlines, for waiting on a server that is loading)."""
 
     @staticmethod
     def read_requests(props: dict) -> list[dict]:
         return reads.readiness(props)
 
-    def _probe(self, props) -> dict:
+    def _probe(self, props) -> R.Report:
+        """One look (a refresh): the unit's state, the health and, when it generates, what it runs."""
         t = _require_target(props)
-        addr = reads.probe_address(props["bind"])
-        # One round trip: the unit's state, the health and, when it generates, what it runs.
         request, = self.read_requests(props)
         obs, info_read = probe.read_snapshot(ssh.fetch(t, request).stdout, 0.0)
-        state = obs.unit
-        report = R.Report(status=R.READY, unit=props["unit"], url=f"http://{addr}:{int(props['port'])}",
-                          checked_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        if state.active_state != "active":
-            report.status, report.reason = "down", f"unit is {state.active_state}"
-        elif obs.health != 200:
-            report.status, report.reason = R.UNHEALTHY, f"/health_generate answers {obs.health or 'nothing (port closed)'}"
-        else:
-            used, info, models = info_read or probe.server_info(t, addr, int(props["port"]))
-            report.probe = f"/health_generate + {used}"
-            report.layout, report.model, report.version = R.resolved_layout(info), info.get("model_path"), info.get("version")
-            report.served_model_name = (models.get("data") or [{}])[0].get("id") if models else None
-            report.mismatches = R.compare_layout(props["declared"], info)
-            if report.mismatches:
-                report.status = R.LAYOUT_MISMATCH
+        verdict = R.judge_now(obs)
+        if verdict.outcome == R.READY and info_read is None:
+            info_read = probe.server_info(t, reads.probe_address(props["bind"]), int(props["port"]))
+        report = R.build_report(verdict, unit=props["unit"], declared=props["declared"], checked_at=probe.now_iso(),
+                                url=f"http://{reads.probe_address(props['bind'])}:{int(props['port'])}", info_read=info_read)
+        report.seconds_to_ready = None
+        return report
+
+    def _converge(self, props) -> dict:
+        """An up that did not restart the unit: look, and wait for a server that is loading (it
+        was restarted by systemd after a crash, by an operator, or by an interrupted run), so one
+        `up` ends with the verdict rather than recording "loading" as drift for ever."""
+        report = self._probe(props)
+        t = _require_target(props)
+        deadline = time.monotonic() + float((props.get("readiness") or {}).get("timeoutSeconds", 3600))
+        if report.status == R.STOPPED:
+            # Between a crash and systemd's restart (RestartSec): the restart is coming, wait for it.
+            state = probe.unit_state(t, props["unit"])
+            if state.sub_state == "auto-restart":
+                _progress(f"{props['unit']}: systemd restarts it (it was killed or crashed); waiting")
+            while state.sub_state == "auto-restart" and time.monotonic() < deadline:
+                time.sleep(1)
+                state = probe.unit_state(t, props["unit"])
+            report = self._probe(props)
+        if report.status == R.LOADING:
+            _progress(f"{props['unit']}: {report.reason}; waiting for it to be ready")
+            baseline = probe.unit_state(t, props["unit"])
+            report = probe.wait_ready(t, props["unit"], bind=props["bind"], port=int(props["port"]),
+                                      declared=props["declared"], settings=props.get("readiness") or {}, since=None,
+                                      baseline=baseline, progress=_progress)
+        if report.status != R.READY:
+            # Nothing here restarts a server (the service does, when its settings or its process
+            # differ): say what is wrong rather than record a broken server as deployed.
+            raise DeployError(f"readiness: {report.status}: {report.reason} ({props_unit(props)}); "
+                              f"check `journalctl -u {props_unit(props)}` on the host")
         return report.as_dict()
 
+    @staticmethod
+    def _fresh(olds: dict, news: dict) -> bool:
+        """The service started the unit in this run and checked it: its report is the truth."""
+        given = news.get("report")
+        return (isinstance(given, dict) and bool(given.get("checked_at"))
+                and given.get("checked_at") != (olds.get("report") or {}).get("checked_at"))
+
+    def create(self, props):
+        report = props["report"] if self._fresh({}, props) else self._converge(props)
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:readiness", outs={**props, **report})
+
     def update(self, id, olds, news):
-        # A new check from the service (it restarted) is the truth; otherwise probe again.
-        fresh = news.get("report") and news.get("report") != olds.get("report") and olds.get("status") == R.READY
-        report = news["report"] if fresh else self._probe(news)
-        if report.get("status") != R.READY:
-            # Nothing restarted the server (its unit looks fine), yet it does not serve: say so
-            # rather than record a broken server as the deployed state.
-            raise DeployError(f"readiness: {report.get('status')}: {report.get('reason') or 'the server does not serve'} "
-                            f"({props_unit(news)}); check `journalctl -u {props_unit(news)}` on the host")
+        report = news["report"] if self._fresh(olds, news) else self._converge(news)
         return UpdateResult(outs={**news, **report})
 
     def read(self, id, props):
-        report = self._probe(props)
-        # seconds_to_ready belongs to the start that measured it; keep it.
-        report["seconds_to_ready"] = props.get("seconds_to_ready")
+        report = self._probe(props).as_dict()
+        if report["status"] == R.READY:
+            # seconds_to_ready belongs to the start that measured it; keep it.
+            report["seconds_to_ready"] = props.get("seconds_to_ready")
         return ReadResult(id_=id, outs={**props, **report}, inputs={k: v for k, v in props.items()})
 
     def diff(self, id, olds, news):

@@ -75,6 +75,21 @@ if [ "$code" = 200 ]; then set -- "$2" "$3"
 fi
 """
 
+# $1 unit: its state (SERVICE_PROPS, as `unit_states`), then what its main process runs, taken
+# from the same MainPID: /proc/<pid>/cmdline and /proc/<pid>/environ (NUL-separated, so base64),
+# and the service manager's own environment (what systemd gives every service).
+SERVICE_SCRIPT = r"""
+show=$(systemctl show """ + " ".join(f"-p {p}" for p in SERVICE_PROPS) + r""" -- "$1") || exit $?
+printf '%s\n' "$show"
+pid=$(printf '%s\n' "$show" | sed -n 's/^MainPID=//p')
+echo @@cmdline
+if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then base64 -w0 "/proc/$pid/cmdline" 2>/dev/null; fi; echo
+echo @@environ
+if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then base64 -w0 "/proc/$pid/environ" 2>/dev/null; fi; echo
+echo @@manager
+systemctl show-environment 2>/dev/null || true
+"""
+
 # Generation timeout of the readiness read on refresh (seconds).
 REFRESH_GENERATION_TIMEOUT = 60
 
@@ -142,8 +157,9 @@ def remote_file(props: dict) -> list[dict]:
 
 
 def service(props: dict) -> list[dict]:
-    """ServiceProvider: the unit's state."""
-    return [unit_states([props["unit"]])]
+    """ServiceProvider: the unit's state and what its main process runs (SERVICE_SCRIPT)."""
+    return [command(["sh", "-c", SERVICE_SCRIPT, "sh", props["unit"]], purpose=f"reading the state of {props['unit']}",
+                    timeout=30, check=True)]
 
 
 def readiness(props: dict) -> list[dict]:
