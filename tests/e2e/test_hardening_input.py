@@ -123,11 +123,12 @@ def salt_of(d, stack: str) -> dict:
     return {"encryptionsalt": doc["encryptionsalt"]} if isinstance(doc, dict) and "encryptionsalt" in doc else {}
 
 
-def run_case(d, name: str, stack: str, salt: dict) -> list[Run]:
-    case = CASES[name]
-    (d.project / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": stack_file(d, case), **salt}))
+def run_case(d, name: str, stack: str, operations: tuple[str, ...]) -> list[Run]:
+    """Write the case as Pulumi.<stack>.yaml (the stack's encryptionsalt kept) and run pulumi."""
+    path = d.project / f"Pulumi.{stack}.yaml"
+    path.write_text(yaml.safe_dump({"config": stack_file(d, CASES[name]), **salt_of(d, stack)}))
     runs = []
-    for operation in ("preview", "up") if name in UP_TOO else ("preview",):
+    for operation in operations:
         args = ["preview"] if operation == "preview" else ["up", "--yes", "--skip-preview"]
         started = time.time()
         proc = pulumi_cli(d, *args, "--stack", stack)
@@ -135,12 +136,20 @@ def run_case(d, name: str, stack: str, salt: dict) -> list[Run]:
     return runs
 
 
+def new_stack(d, stack: str) -> None:
+    init = pulumi_cli(d, "stack", "init", stack)
+    assert init.returncode == 0, init.stderr
+
+
 @pytest.fixture(scope="module")
 def corpus_through_pulumi(deployed) -> Batch:
-    """Every corpus case through the real `pulumi preview` (and `up` for one case of each kind)
-    against this module's recorded rehearsal host: WORKERS stacks of the one project, each
-    rewritten per case, run at once; the host's command log and sshd journal are read once at
-    the end and each command or login is put on the case whose run it falls in."""
+    """Every corpus case through the real `pulumi preview` against this module's recorded
+    rehearsal host, WORKERS at once: one stack per worker, rewritten per case (a preview never
+    stores a resource, so a stack carries nothing from one case to the next). Then `pulumi up`
+    for one case of each kind, one after the other, each on a new stack of its own (a failed
+    `up` may have stored resources; and one at a time, what reaches the host is that case's).
+    The host's command log and sshd journal are read once at the end; each command or login is
+    put on the case whose run it falls in."""
     d = deployed
     batch = Batch()
     record = H.HostRecord(d.host)
@@ -158,9 +167,7 @@ def corpus_through_pulumi(deployed) -> Batch:
             unnamable.append(name)
     workers = [f"bad{i}" for i in range(WORKERS)]
     for stack in workers:
-        init = pulumi_cli(d, "stack", "init", stack)
-        assert init.returncode == 0, init.stderr
-    salts = {stack: salt_of(d, stack) for stack in workers}
+        new_stack(d, stack)
     queue = list(shared)
     lock = threading.Lock()
 
@@ -171,11 +178,15 @@ def corpus_through_pulumi(deployed) -> Batch:
                     return
                 name = queue.pop(0)
             batch.stacks[name] = stack
-            batch.runs[name] = run_case(d, name, stack, salts[stack])
+            batch.runs[name] = run_case(d, name, stack, ("preview",))
 
     with ThreadPoolExecutor(WORKERS) as pool:
         for future in [pool.submit(worker, stack) for stack in workers]:
             future.result()
+    for i, name in enumerate(sorted(UP_TOO & set(shared))):
+        stack = f"up{i}"
+        new_stack(d, stack)
+        batch.runs[name] += run_case(d, name, stack, ("up",))
     for name in named:
         # A stack of its own name (rare); a project stack's file is put back as it was.
         stack = str(CASES[name]["stack"])
@@ -185,7 +196,7 @@ def corpus_through_pulumi(deployed) -> Batch:
             select = pulumi_cli(d, "stack", "select", "--create", stack)
             assert select.returncode == 0, select.stderr
             batch.stacks[name] = stack
-            batch.runs[name] = run_case(d, name, stack, salt_of(d, stack))
+            batch.runs[name] = run_case(d, name, stack, ("preview", "up") if name in UP_TOO else ("preview",))
         finally:
             if original is None:
                 path.unlink(missing_ok=True)
@@ -198,8 +209,9 @@ def corpus_through_pulumi(deployed) -> Batch:
         proc = pulumi_cli(d, "preview", "--stack", stack)
         batch.stacks[name] = stack
         batch.runs[name] = [Run("preview", proc.returncode, proc.stdout + "\n" + proc.stderr, started, time.time())]
-    for stack in workers:
-        (d.project / f"Pulumi.{stack}.yaml").unlink(missing_ok=True)
+    for path in d.project.glob("Pulumi.*.yaml"):
+        if path.stem.removeprefix("Pulumi.") in workers or re.fullmatch(r"Pulumi\.up\d+", path.stem):
+            path.unlink()
     batch.seconds = time.monotonic() - t0
     record.mark()  # let journald write what sshd logged
     batch.commands = record.timed_commands()[mark[0]:]
@@ -223,8 +235,10 @@ def test_every_corpus_case_is_refused_by_pulumi_with_no_command_on_the_host(corp
         else:
             assert PULUMI_STACK_NAME_REFUSAL in text, f"{name} ({run.operation}): {text[-3000:]}"
         assert "Traceback" not in text, f"{name} ({run.operation}): {text[-3000:]}"
-    commands, logins = batch.during(runs)
-    assert commands == [] and logins == [], (name, commands, logins)
+    for run in runs:
+        commands, logins = batch.during([run])
+        assert commands == [] and logins == [], \
+            f"{name}: pulumi {run.operation} reached the host: {len(logins)} logins, commands {commands}\n{run.output[-2000:]}"
     H.refused(name, through_pulumi=True, operations=tuple(r.operation for r in runs))
 
 
