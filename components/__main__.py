@@ -9,7 +9,8 @@ from pathlib import Path
 
 from .errors import ConfigError
 from .config import parse_settings
-from .plan import ServingPlan, load_stack_config, plan_hosts, plan_stack
+from .plan import CheckedStack, ServingPlan, check_stack, load_stack_config, refusal
+from .stack_config import from_files
 
 
 def _print_plan(plan: ServingPlan) -> None:
@@ -32,6 +33,19 @@ def _print_plan(plan: ServingPlan) -> None:
     print(d["unit_text"], end="")
     print("--- " + d["environment_path"])
     print(d["environment_text"], end="")
+
+
+def _print_checked(checked: CheckedStack) -> None:
+    """What the stack adds beyond one host's plan: its secrets (named, never shown) and the
+    warnings about the stack as a whole."""
+    env_path = checked.plans[0][1].unit.environment_path
+    for name in checked.secrets:
+        use = f"HF_TOKEN in {env_path}" if name == "hfToken" else "the SSH login"
+        print(f"secret         gpu-serving:{name} (secret, not shown): {use}")
+    plan_warnings = {w for _, p in checked.plans for w in p.warnings}
+    for w in checked.warnings:
+        if w not in plan_warnings:
+            print(f"warning        {w}")
 
 
 def _print_hosts(plans: list[tuple[str, ServingPlan]]) -> None:
@@ -79,32 +93,39 @@ def main(argv: list[str] | None = None) -> int:
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
         except ConfigError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {refusal(exc)}", file=sys.stderr)
             return 2
         for _, s in settings.per_host():
             if s.host.is_rehearsal:
                 print(s.host.rehearsal)
         return 0
     try:
-        plans = plan_hosts(args.project_dir, args.stack)
+        # The program's own check (plan.check_stack), on the files instead of the engine's config.
+        checked = check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir)
+        plans = checked.plans
         plan = plans[0][1]
-        before = plan_stack(args.project_dir, args.against) if args.against else None
+        before = (check_stack(args.against, from_files(args.project_dir, args.against), args.project_dir).plans[0][1]
+                  if args.against else None)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {refusal(exc)}", file=sys.stderr)
         return 2
     if before is not None:
         _print_switch(before, plan)
         return 0
     if args.json:
         out = plan.as_dict()
+        out["secrets"] = {f"gpu-serving:{name}": "(secret, not shown)" for name in checked.secrets}
+        out["warnings"] = list(dict.fromkeys(out["warnings"] + checked.warnings))
         if plans[0][0]:
             out["hosts"] = [{"name": n, **p.as_dict()["host"], "memory": p.memory.as_dict()} for n, p in plans]
         json.dump(out, sys.stdout, indent=2)
         print()
-    elif plans[0][0]:
+        return 0
+    if plans[0][0]:
         _print_hosts(plans)
     else:
         _print_plan(plan)
+    _print_checked(checked)
     return 0
 
 

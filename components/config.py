@@ -162,9 +162,38 @@ class HostSettings(Settings):
         return v
 
 
+    @model_validator(mode="after")
+    def _rehearsal_takes_no_connection_settings(self):
+        # The rehearsal host's port, user and keys come from `python -m rehearsal up` (its
+        # host.json); a value set here would be silently ignored, so it is refused (issue 12.8).
+        if self.address is None:
+            ignored = [to_camel(f) for f in ("port", "user", "host_key", "private_key_path") if f in self.model_fields_set]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} only for a real host (with address); "
+                                 f"the rehearsal host {self.rehearsal!r} is reached as `python -m rehearsal up` set it up: "
+                                 f"remove {' and '.join(ignored)}, or set address")
+        return self
+
     @property
     def is_rehearsal(self) -> bool:
         return self.address is None
+
+    @property
+    def machine(self) -> str:
+        """The machine this reaches, one spelling per machine: host names in lower case without a
+        trailing dot, IP addresses in their compressed form (an IPv4-mapped IPv6 address as the
+        IPv4 one), so two spellings of one machine compare equal (issue 13.5)."""
+        if self.address is None:
+            return f"rehearsal:{self.rehearsal}"
+        address, _, zone = self.address.partition("%")
+        try:
+            ip = ipaddress.ip_address(address)
+            if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+                ip = ip.ipv4_mapped
+            address = ip.compressed + (f"%{zone}" if zone else "")
+        except ValueError:
+            address = self.address.lower().rstrip(".")
+        return f"{address}:{self.port}"
 
     @property
     def target(self) -> str:
@@ -516,6 +545,13 @@ def _parse_hosts(raw: Any, common: dict, errors: list[SettingError]) -> tuple[Ho
         if not isinstance(item, dict):
             errors.append(SettingError(f"{where}[{i}]", f"must be an object of host settings, got {type(item).__name__}"))
             continue
+        names_machine = "address" in item or "rehearsal" in item
+        if not names_machine:
+            # Inheriting gpu-serving:host's machine would put two entries' servers, or this
+            # entry and the one-host stacks, on one machine without a word (issue 12.8).
+            errors.append(SettingError(f"{where}[{i}]", "names no machine: set its address (a real host) or rehearsal "
+                                       "(a rehearsal host's name); an entry does not inherit gpu-serving:host's",
+                                       "e.g. {name: gpu1, address: 10.0.0.11, hostKey: ...}"))
 
         def name_setting(loc, i=i, item=item):
             # A bad value inherited from gpu-serving:host is named there, where it is written.
@@ -523,7 +559,9 @@ def _parse_hosts(raw: Any, common: dict, errors: list[SettingError]) -> tuple[Ho
                 return _loc("host", loc)
             return _loc(f"{HOSTS_KEY}[{i}]", loc)
         try:
-            entries.append(HostEntry.model_validate({**common, **item}))
+            entry = HostEntry.model_validate({**common, **item})
+            if names_machine:
+                entries.append(entry)
         except ValidationError as exc:
             errors += _validation_errors(HOSTS_KEY, exc, name_setting)
     seen_names: dict[str, int] = {}
@@ -533,8 +571,10 @@ def _parse_hosts(raw: Any, common: dict, errors: list[SettingError]) -> tuple[Ho
             errors.append(SettingError(f"{where}[{i}].name", f"{e.name!r} is already the name of hosts[{seen_names[e.name]}]",
                                        "each host needs its own name: it names its resources and outputs"))
         seen_names.setdefault(e.name, i)
-        if e.target in seen_targets:
-            errors.append(SettingError(f"{where}[{i}]", f"reaches the same host as hosts[{seen_targets[e.target]}] ({e.target})",
+        if e.machine in seen_targets:
+            first = entries[seen_targets[e.machine]]
+            spelled = "" if first.target == e.target else f", written {first.target} there"
+            errors.append(SettingError(f"{where}[{i}]", f"reaches the same host as hosts[{seen_targets[e.machine]}] ({e.target}{spelled})",
                                        "two entries for one machine would start two servers on its GPUs"))
-        seen_targets.setdefault(e.target, i)
+        seen_targets.setdefault(e.machine, i)
     return tuple(entries)

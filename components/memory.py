@@ -97,7 +97,21 @@ def plan_memory(settings: StackSettings) -> tuple[MemoryPlan, list[SettingError]
 
     errors: list[SettingError] = []
     warnings: list[str] = []
-    if tight.kv_pool_gb <= 0:
+    # Numbers that would make the plan say nothing true (issue 13.7): refused, saying what to set.
+    if model.attention_weights_gb > model.weights_gb:
+        errors.append(SettingError(
+            f"{NAMESPACE}:model.attentionWeightsGb",
+            f"attentionWeightsGb {model.attention_weights_gb:g} exceeds weightsGb {model.weights_gb:g}: the attention "
+            "weights are part of the model's weights",
+            "set attentionWeightsGb to the attention projections' share of weightsGb (0 if unknown)"))
+    if not model.is_mla and not model.kv_bytes_per_token_per_layer:
+        errors.append(SettingError(
+            f"{NAMESPACE}:model.kvBytesPerTokenPerLayer",
+            f"{model.name} has no MLA (kvLoraRank 0) and no KV size: its KV cache per token cannot be planned "
+            "(the plan would show a pool of 0 tokens)",
+            "set kvBytesPerTokenPerLayer = 2 x num_key_value_heads x head_dim x kvDtypeBytes from the model's "
+            "config.json (e.g. 2 x 8 x 128 x 2 = 4096), or kvLoraRank and qkRopeHeadDim for an MLA model"))
+    elif tight.kv_pool_gb <= 0:
         needed = (full.weights_gb + 1) / gpu_gb
         fix = (f"raise memFractionStatic to at least {needed:.2f}" if needed < 0.95 else
                f"the weights alone ({full.weights_gb:.1f} GB a GPU) need more GPUs or a larger ppSize/tpSize")

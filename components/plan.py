@@ -1,8 +1,8 @@
 """A strategy's serving plan: validated settings, resolved layout, memory plan, rendered unit.
 
-`load_stack_config` reads Pulumi.yaml and Pulumi.<stack>.yaml the way Pulumi does (project
-values first, a stack value replaces the project value of the same key), so
-``python -m components plan`` shows offline exactly what ``pulumi preview`` will deploy.
+`check_stack` is the one check of a stack, run by ``python -m components plan`` on the files
+(stack_config.from_files) and by the program on the engine's config (stack_config.from_engine),
+so ``plan`` shows offline exactly what ``pulumi preview`` will deploy, or refuses what it refuses.
 """
 from __future__ import annotations
 
@@ -10,16 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .config import NAMESPACE, StackSettings, parse_settings
 from .errors import ConfigError, SettingError
 from .memory import MemoryPlan, plan_memory
-from .strategy import Layout, check_strategy, layout_of
+from .stack_config import RawConfig, from_files, namespace_settings, stack_names
+from .strategy import Layout, check_strategy, check_visible_gpus, layout_of
 from .unit import RenderedUnit, environment, render_environment, render_unit
-
-# Keys of the long form of a project-level config value in Pulumi.yaml.
-_SCHEMA_KEYS = {"type", "description", "default", "value", "secret", "items"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +60,7 @@ class ServingPlan:
 
 def build_plan(settings: StackSettings, siblings: list[str]) -> ServingPlan:
     """Check every rule and render; raises `ConfigError` with all problems found."""
-    errors: list[SettingError] = check_strategy(settings)
+    errors: list[SettingError] = check_strategy(settings) + check_visible_gpus(settings)
     memory, memory_errors = plan_memory(settings)
     errors += memory_errors
     if errors:
@@ -100,67 +96,113 @@ def build_plans(settings: StackSettings, siblings: list[str]) -> list[tuple[str,
     return plans
 
 
-def _strip_namespace(config: dict[str, Any], source: str) -> dict[str, Any]:
-    out = {}
-    for key, value in (config or {}).items():
-        ns, _, name = key.rpartition(":")
-        if ns and ns != NAMESPACE:
-            continue  # another package's setting (e.g. pulumi:...)
-        out[name] = value
-    return out
-
-
-def _project_values(config: dict[str, Any]) -> dict[str, Any]:
-    values = {}
-    for key, spec in (config or {}).items():
-        if isinstance(spec, dict) and set(spec) <= _SCHEMA_KEYS:
-            if "value" in spec:
-                values[key] = spec["value"]
-            elif "default" in spec:
-                values[key] = spec["default"]
-        else:
-            values[key] = spec
-    return values
-
-
-def _read_yaml(path: Path) -> dict:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError([SettingError(path.name, f"is not valid YAML: {exc}")]) from None
-    if not isinstance(data, dict):
-        raise ConfigError([SettingError(path.name, "must be a YAML mapping")])
-    return data
-
-
-def stack_names(project_dir: Path) -> list[str]:
-    """Strategies of this project: one per Pulumi.<stack>.yaml file."""
-    return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project_dir).glob("Pulumi.*.yaml"))
-
-
-def load_stack_config(project_dir: Path, stack: str) -> dict[str, Any]:
-    project_dir = Path(project_dir)
-    project_file = project_dir / "Pulumi.yaml"
-    stack_file = project_dir / f"Pulumi.{stack}.yaml"
-    if not project_file.exists():
-        raise ConfigError([SettingError("Pulumi.yaml", f"not found in {project_dir}")])
-    if not stack_file.exists():
-        known = ", ".join(stack_names(project_dir)) or "none"
-        raise ConfigError([SettingError(f"--stack {stack}", f"no Pulumi.{stack}.yaml in {project_dir}", f"known stacks: {known}")])
-    project = _project_values(_read_yaml(project_file).get("config") or {})
-    stack_values = (_read_yaml(stack_file).get("config") or {})
-    merged = {**_strip_namespace(project, "Pulumi.yaml"), **_strip_namespace(stack_values, stack_file.name)}
-    return merged
-
-
 def plan_hosts(project_dir: Path, stack: str) -> list[tuple[str, ServingPlan]]:
-    """The plan of every host of the stack (see `build_plans`)."""
-    raw = load_stack_config(project_dir, stack)
-    # Secrets are not needed for a plan (and are encrypted in stack files).
-    settings = parse_settings(stack, raw)
-    return build_plans(settings, stack_names(project_dir))
+    """The plan of every host of the stack (see `build_plans`), from the project's files."""
+    return check_stack(stack, from_files(project_dir, stack), project_dir).plans
 
 
 def plan_stack(project_dir: Path, stack: str) -> ServingPlan:
     """The plan of the stack's (first) host; every host is checked."""
     return plan_hosts(project_dir, stack)[0][1]
+
+
+def load_stack_config(project_dir: Path, stack: str) -> dict[str, Any]:
+    """The stack's gpu-serving settings by name (what `parse_settings` takes), read from the files;
+    a `ConfigError` for what cannot even be read as settings."""
+    config, _, errors = namespace_settings(from_files(project_dir, stack), stack)
+    if errors:
+        raise ConfigError(errors, f"stack {stack}")
+    return config
+
+
+@dataclass(frozen=True)
+class CheckedStack:
+    settings: StackSettings
+    plans: list[tuple[str, ServingPlan]]
+    # Secret settings the stack gives (gpu-serving:hfToken, ...): named, never shown.
+    secrets: list[str]
+    warnings: list[str]
+
+
+def check_stack(stack: str, raw: RawConfig, project_dir: Path) -> CheckedStack:
+    """THE check of a stack, for `python -m components plan` and for the program under `pulumi
+    preview` and `up` alike (issue 13.6): the config keys and secrets, every setting, SGLang's rules
+    and the memory plan of every host, the CUDA source, and what ties this stack to the project's
+    other stacks. Nothing here talks to a host. Raises `ConfigError` with every problem found."""
+    from .cuda import settings_problems  # imports pulumi: not needed to read the settings
+
+    config, secrets, errors = namespace_settings(raw, stack)
+    try:
+        settings = parse_settings(stack, config)
+    except ConfigError as exc:
+        raise ConfigError(errors + exc.errors, f"stack {stack}") from None
+    plans: list[tuple[str, ServingPlan]] = []
+    try:
+        plans = build_plans(settings, stack_names(project_dir))
+    except ConfigError as exc:
+        errors += exc.errors
+    errors += settings_problems(settings.cuda)
+    errors += strategy_owned_elsewhere(project_dir, stack, settings.strategy_name)
+    if errors:
+        raise ConfigError(errors, f"stack {stack}")
+    warnings = [w for _, plan in plans for w in plan.warnings] + same_machine_as_default(settings)
+    return CheckedStack(settings, plans, secrets, list(dict.fromkeys(warnings)))
+
+
+def strategy_owned_elsewhere(project_dir: Path, stack: str, strategy: str) -> list[SettingError]:
+    """A strategy names its unit: two stacks of one project with one strategy would both own that
+    unit, each `up` undoing the other's (issue 13.5). Another stack's file that cannot be read is
+    its own plan's problem, not this one's."""
+    errors = []
+    for other in stack_names(project_dir):
+        if other == stack:
+            continue
+        try:
+            config, _, _ = namespace_settings(from_files(project_dir, other), other)
+        except ConfigError:
+            continue
+        section = config.get("strategy")
+        named = section.get("name") if isinstance(section, dict) else None
+        if (named if isinstance(named, str) else other) == strategy:
+            errors.append(SettingError(
+                f"{NAMESPACE}:strategy.name",
+                f"stack {stack} and stack {other} (Pulumi.{other}.yaml) both deploy strategy {strategy!r}: "
+                "two stacks would own one unit, and each `up` would undo the other",
+                "give each stack its own strategy.name (unset, it is the stack's name)"))
+    return errors
+
+
+def same_machine_as_default(settings: StackSettings) -> list[str]:
+    """A fleet entry that reaches the machine gpu-serving:host names, where this project's one-host
+    stacks deploy: allowed (it may be meant), but said (issue 12.8)."""
+    if not settings.hosts:
+        return []
+    return [f"{NAMESPACE}:hosts[{i}] ({h.name}) reaches the same machine as {NAMESPACE}:host ({settings.host.target}), "
+            "where the project's one-host stacks deploy"
+            for i, h in enumerate(settings.hosts) if h.machine == settings.host.machine]
+
+
+# At most this much of a refusal is printed: every problem is named, but a file of a thousand bad
+# entries must not print a thousand lines (issue 13.8).
+MAX_PROBLEMS_SHOWN = 20
+MAX_MESSAGE_CHARS = 8000
+MAX_PROBLEM_CHARS = 300
+
+
+def refusal(exc: ConfigError) -> str:
+    """The text `plan` prints and the program raises for a refused configuration: the same for
+    both, bounded in problems, in characters a problem and in all."""
+    def line(e: SettingError) -> str:
+        text = str(e)
+        return text if len(text) <= MAX_PROBLEM_CHARS else text[:MAX_PROBLEM_CHARS] + "... (cut)"
+
+    head = "invalid configuration" + (f" for {exc.context}" if exc.context else "")
+    if len(exc.errors) == 1:
+        text = f"{head}: {line(exc.errors[0])}"
+    else:
+        text = "\n".join([f"{head} ({len(exc.errors)} problems):"] + [f"  - {line(e)}" for e in exc.errors[:MAX_PROBLEMS_SHOWN]])
+        if len(exc.errors) > MAX_PROBLEMS_SHOWN:
+            text += f"\n  ... and {len(exc.errors) - MAX_PROBLEMS_SHOWN} more (fix these first)"
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = text[:MAX_MESSAGE_CHARS] + f"\n  ... (cut at {MAX_MESSAGE_CHARS} characters)"
+    return text

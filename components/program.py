@@ -7,20 +7,16 @@ from typing import Optional
 
 import pulumi
 
-from .config import CONFIG_KEYS, StackSettings, parse_settings
+from .config import StackSettings
 from .cuda import CudaToolkit
 from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
-from .plan import ServingPlan, build_plans, stack_names
+from .plan import ServingPlan, check_stack, refusal
+from .stack_config import from_engine
 from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
-
-
-def read_config() -> dict:
-    cfg = pulumi.Config("gpu-serving")
-    return {key: value for key in CONFIG_KEYS if (value := cfg.get_object(key)) is not None}
 
 
 def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
@@ -47,13 +43,15 @@ def run() -> None:
     stack = pulumi.get_stack()
     cfg = pulumi.Config("gpu-serving")
     try:
-        settings = parse_settings(stack, read_config())
-        # Every host's plan before any resource: a fleet with one unfit host changes nothing.
-        plans = build_plans(settings, stack_names(Path(os.getcwd())))
+        # The same check as `python -m components plan`, on every config key the engine passed
+        # (a misspelled one included), before any resource: a fleet with one unfit host changes
+        # nothing, and no setting plan refuses reaches a host.
+        checked = check_stack(stack, from_engine(), Path(os.getcwd()))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
-        raise pulumi.RunError(str(exc)) from None
-    for warning in dict.fromkeys(w for _, plan in plans for w in plan.warnings):
+        raise pulumi.RunError(refusal(exc)) from None
+    settings, plans = checked.settings, checked.plans
+    for warning in checked.warnings:
         pulumi.log.warn(warning)
 
     hf_token = cfg.get_secret("hfToken")

@@ -234,3 +234,63 @@ def check_unit_name(settings: StackSettings) -> list[SettingError]:
                              f"(at most {UNIT_NAME_MAX} characters of letters, digits, : _ . -)",
                              "shorten serving.unitPrefix, model.name or strategy.name")]
     return []
+
+
+def _visible_count(value: str, gpus: int) -> int:
+    """How many GPUs a CUDA_VISIBLE_DEVICES value shows: CUDA reads the list up to the first entry
+    it cannot use (an index out of range, -1, a repeat, garbage); GPU-/MIG- UUIDs count as one."""
+    seen: set[str] = set()
+    for entry in value.split(","):
+        entry = entry.strip()
+        if entry.isascii() and entry.isdigit() and int(entry) < gpus:
+            entry = str(int(entry))
+        elif not entry.startswith(("GPU-", "MIG-")):
+            break
+        if entry in seen:
+            break
+        seen.add(entry)
+    return len(seen)
+
+
+def _int_arg(args: list[str], flag: str) -> int | None:
+    value = _flag_value(args, flag)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def check_visible_gpus(settings: StackSettings) -> list[SettingError]:
+    """Settings that hide GPUs from the layout (issue 13.5): the world size needs that many GPUs
+    visible to the server. SGLang gives the rank of pipeline stage p, TP rank t the GPU
+    base_gpu_id + p x tp + t x gpu_id_step (scheduler launch), counted among the visible GPUs."""
+    L = layout_of(settings)
+    world = L.world_size
+    gpus = settings.host.gpu_count
+    errors: list[SettingError] = []
+    visible = gpus
+    cvd = settings.serving.environment.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None:
+        visible = _visible_count(cvd, gpus)
+        if visible < world:
+            errors.append(SettingError(
+                f"{SERVING}.environment.CUDA_VISIBLE_DEVICES",
+                f"shows {visible} of the host's {gpus} GPUs, but world size {world} ({L.describe()}) needs {world} visible GPUs",
+                f"remove it (gpu-serving sets CUDA_VISIBLE_DEVICES=0..{gpus - 1} itself), or list {world} GPUs"))
+            return errors
+    args = settings.serving.extra_args
+    base, step = _int_arg(args, "--base-gpu-id"), _int_arg(args, "--gpu-id-step")
+    if base is None and step is None:
+        return errors
+    base, step = base or 0, step if step is not None else 1
+    groups = world // max(L.tp_size, 1)
+    highest = base + (groups - 1) * L.tp_size + (L.tp_size - 1) * step
+    if base < 0 or step < 1 or highest >= visible:
+        flag = "--base-gpu-id" if _flag_value(args, "--base-gpu-id") is not None else "--gpu-id-step"
+        index = next(i for i, a in enumerate(args) if a == flag or a.startswith(flag + "="))
+        errors.append(SettingError(
+            f"{SERVING}.extraArgs[{index}]",
+            f"--base-gpu-id {base} with --gpu-id-step {step} puts ranks on GPU ids up to {highest}, but world size {world} "
+            f"needs {world} visible GPUs with ids 0..{visible - 1}",
+            "remove --base-gpu-id and --gpu-id-step: each strategy owns all the host's GPUs"))
+    return errors

@@ -24,13 +24,15 @@ import yaml
 from components import cuda as C
 from components.config import SECTIONS, parse_settings
 from components.errors import ConfigError, SettingError
-from components.plan import build_plan, build_plans, plan_stack, stack_names
+from components.plan import build_plan, build_plans, check_stack, plan_stack, stack_names
+from components.stack_config import RawConfig, _decode, from_files
 from components.strategy import UNIT_NAME
 
+from . import corpus_support as CS
 from . import hardening_support as H
 
 ROOT = Path(__file__).resolve().parent.parent
-CORPUS = Path(__file__).parent / "data" / "bad-input"
+CORPUS = CS.CORPUS
 SIBLINGS = ["tp8", "pp8", "ep8"]
 
 
@@ -41,37 +43,51 @@ def project_config() -> dict:
 
 
 def corpus() -> list[tuple[str, dict]]:
-    files = sorted(CORPUS.glob("*.yaml"))
-    return [(f.stem, yaml.safe_load(f.read_text())) for f in files]
+    return CS.cases()
 
 
 def validate(stack: str, config: dict) -> list[SettingError]:
-    """What preview checks before the program registers a single resource."""
+    """What preview checks before the program registers a single resource: `plan.check_stack`,
+    on these settings as the engine would hand them over (this repository's project around them)."""
+    raw = RawConfig(values={f"gpu-serving:{k}": v for k, v in config.items()})
     try:
-        settings = parse_settings(stack, config)
-        build_plans(settings, SIBLINGS)
+        check_stack(stack, raw, ROOT)
     except ConfigError as exc:
         return exc.errors
-    return C.settings_problems(settings.cuda)
+    return []
 
 
-def merged(case: dict) -> dict:
-    """The case over the project's settings and the tp8 stack's layout (what `--stack` would add)."""
-    return {**project_config(), "strategy": {"tpSize": 8}, **case["config"]}
+def refused_by_plan(case: dict, base: Path) -> list[SettingError]:
+    """The case as files on disk, checked the way `python -m components plan` does; a case with
+    `secrets` as the program sees it (plan cannot decrypt what it would check)."""
+    project = CS.write_project(base, case)
+    stack = CS.stack_of(case)
+    try:
+        if case.get("secrets"):
+            values, secret_keys = CS.engine_config(project, case)
+            raw = RawConfig(values={k: _decode(v) if k.split(":", 1)[1] not in case["secrets"] else v
+                                    for k, v in values.items()}, secret_keys=set(secret_keys))
+        else:
+            raw = from_files(project, stack)
+        check_stack(stack, raw, project)
+    except ConfigError as exc:
+        return exc.errors
+    return []
 
 
 @pytest.mark.parametrize("name,case", corpus(), ids=[n for n, _ in corpus()])
-def test_invalid_configuration_is_refused_naming_the_setting(name, case):
-    errors = validate(case.get("stack", "bad"), merged(case))
+def test_invalid_configuration_is_refused_naming_the_setting(name, case, tmp_path):
+    errors = refused_by_plan(case, tmp_path)
     assert errors, f"{name}: accepted, but {case['why']}"
     expected = case["expect"]
     naming = [e for e in errors if e.setting == expected["setting"]]
     assert naming, f"{name}: no error names {expected['setting']}; got: " + "; ".join(map(str, errors))
     assert any(expected["contains"] in str(e) for e in naming), f"{name}: " + "; ".join(map(str, naming))
-    secret = case["config"].get("hfToken")
-    if isinstance(secret, str):
-        # A secret's value is never part of the message that refuses it.
-        assert all(secret not in str(e) and secret.split("\n")[0] not in str(e) for e in errors)
+    for key in ("hfToken", "sshPrivateKey"):
+        secret = (case.get("config") or {}).get(key)
+        if isinstance(secret, str):
+            # A secret's value is never part of the message that refuses it.
+            assert all(secret not in str(e) and secret.split("\n")[0] not in str(e) for e in errors)
     H.refused(name)
 
 
