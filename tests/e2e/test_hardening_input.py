@@ -15,7 +15,9 @@ container, so that looking runs nothing there.
 from __future__ import annotations
 
 import copy
+import json
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -41,7 +43,12 @@ UP_TOO = {min(n for n in CASES if n.split("-", 1)[0] == kind) for kind in {n.spl
 WORKERS = 3  # engine runs at once: each is ~2 s of CPU, mostly Python start-up
 # Pulumi's own rule for stack names: a case whose stack name breaks it never reaches the program.
 PULUMI_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
-PULUMI_STACK_NAME_REFUSAL = "a stack name may only contain alphanumeric, hyphens, underscores, or periods"
+# Pulumi refuses some shapes itself, before any program or provider runs: a stack file it cannot
+# read (not YAML, not a mapping, a key without a namespace, alias expansion), a bad stack name.
+PULUMI_OWN_REFUSALS = ("error: getting stack configuration:",
+                       "a stack name may only contain alphanumeric, hyphens, underscores, or periods")
+PROGRAM_RAN = "Previewing update ("  # ... or "Updating (": the engine started the program
+NS = "gpu-serving"
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +62,12 @@ def deployed(tmp_path_factory, rehearsal_host_factory):
 
 
 def stack_file(d, case: dict) -> dict:
-    """The corpus case as a stack file: its sections under the namespace, tp8's layout unless it
-    states one, and (sections replace whole objects) this module's rehearsal host kept. A config
-    that is not a mapping is written as it is (the refusal of that shape is what is tested)."""
-    if not isinstance(case["config"], dict):
-        return copy.deepcopy(case["config"])
-    config = {k if isinstance(k, str) and ":" in k else f"gpu-serving:{k}": copy.deepcopy(v)
-              for k, v in case["config"].items()}
-    config.setdefault("gpu-serving:strategy", {"tpSize": 8})
-    host = config.get("gpu-serving:host")
+    """The corpus case's `config` as a stack file's config (tests/corpus_support.py): its sections
+    under the namespace, tp8's layout unless it states one, and (sections replace whole objects)
+    this module's rehearsal host kept."""
+    config = {f"{NS}:{k}": copy.deepcopy(v) for k, v in (case.get("config") or {}).items()}
+    config.setdefault(f"{NS}:strategy", {"tpSize": 8})
+    host = config.get(f"{NS}:host")
     if isinstance(host, dict) and "address" not in host:
         host["rehearsal"] = d.host.name
     return config
@@ -95,11 +99,14 @@ class Run:
     started: float  # epoch seconds
     ended: float
 
+    @property
+    def program_ran(self) -> bool:
+        return PROGRAM_RAN in self.output or "Updating (" in self.output
+
 
 @dataclass
 class Batch:
     runs: dict = field(default_factory=dict)      # case -> [Run]
-    stacks: dict = field(default_factory=dict)    # case -> stack name used
     commands: list = field(default_factory=list)  # (when, command) recorded during the batch
     logins: list = field(default_factory=list)    # when, of each login during the batch
     seconds: float = 0.0
@@ -110,108 +117,105 @@ class Batch:
         return [c for t, c in self.commands if inside(t)], [t for t in self.logins if inside(t)]
 
 
-def pulumi_cli(d, *args: str) -> subprocess.CompletedProcess:
-    binary = Path(d.env["GPU_SERVING_PULUMI_BIN"]) / "pulumi"
-    return subprocess.run([str(binary), *args, "--non-interactive", "--color", "never"], cwd=d.project,
-                          env=d.env, capture_output=True, text=True, timeout=600)
+class Place:
+    """A copy of the deployment's project with a file backend of its own: the corpus cases that
+    run there can all use their own stack names (most say "bad") without meeting another place's.
+    A preview stores no resource, so a stack carries nothing from one case to the next."""
 
+    def __init__(self, d, root: Path):
+        self.d = d
+        self.project = root / "project"
+        shutil.copytree(d.project, self.project, symlinks=True,
+                        ignore=shutil.ignore_patterns("Pulumi.bad*.yaml", "Pulumi.alt.yaml"))
+        (root / "state").mkdir()
+        self.env = {**d.env, "PULUMI_BACKEND_URL": f"file://{root / 'state'}"}
+        self.project_text = (self.project / "Pulumi.yaml").read_text()
+        self.own_stacks = {p.name for p in self.project.glob("Pulumi.*.yaml")}
+        self.salts: dict[str, dict] = {}
 
-def salt_of(d, stack: str) -> dict:
-    """The stack file's encryptionsalt (written by `stack init`), kept in every rewrite."""
-    path = d.project / f"Pulumi.{stack}.yaml"
-    doc = yaml.safe_load(path.read_text()) if path.exists() else None
-    return {"encryptionsalt": doc["encryptionsalt"]} if isinstance(doc, dict) and "encryptionsalt" in doc else {}
+    def pulumi(self, *args: str) -> subprocess.CompletedProcess:
+        binary = Path(self.env["GPU_SERVING_PULUMI_BIN"]) / "pulumi"
+        return subprocess.run([str(binary), *args, "--non-interactive", "--color", "never"], cwd=self.project,
+                              env=self.env, capture_output=True, text=True, timeout=600)
 
+    def stack(self, stack: str) -> None:
+        """Create the stack once; keep the salt `stack init` writes for every rewrite."""
+        if stack not in self.salts:
+            init = self.pulumi("stack", "init", stack)
+            assert init.returncode == 0, init.stderr
+            doc = yaml.safe_load((self.project / f"Pulumi.{stack}.yaml").read_text())
+            self.salts[stack] = {"encryptionsalt": doc["encryptionsalt"]} if isinstance(doc, dict) and "encryptionsalt" in doc else {}
 
-def run_case(d, name: str, stack: str, operations: tuple[str, ...]) -> list[Run]:
-    """Write the case as Pulumi.<stack>.yaml (the stack's encryptionsalt kept) and run pulumi."""
-    path = d.project / f"Pulumi.{stack}.yaml"
-    path.write_text(yaml.safe_dump({"config": stack_file(d, CASES[name]), **salt_of(d, stack)}))
-    runs = []
-    for operation in operations:
+    def write(self, name: str) -> str:
+        """The case's files (tests/corpus_support.py's format): its stack file (`config` or the
+        whole `stackFile`), `projectConfig` added to Pulumi.yaml, `otherStacks`, and `secrets`
+        set with `pulumi config set --secret`. Returns the stack name."""
+        case = CASES[name]
+        stack = str(case.get("stack", "bad"))
+        doc = yaml.safe_load(self.project_text)
+        doc["config"].update(copy.deepcopy(case.get("projectConfig") or {}))
+        (self.project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        for path in self.project.glob("Pulumi.*.yaml"):
+            if path.name not in self.own_stacks:
+                path.unlink()
+        for other, text in (case.get("otherStacks") or {}).items():
+            (self.project / f"Pulumi.{other}.yaml").write_text(text)
+        if not PULUMI_STACK_NAME.fullmatch(stack):
+            return stack  # Pulumi refuses the name: there is no stack to write
+        self.stack(stack)
+        path = self.project / f"Pulumi.{stack}.yaml"
+        if "stackFile" in case:
+            path.write_text(case["stackFile"])
+            return stack
+        config = stack_file(self.d, case)
+        secrets = {key: config.pop(f"{NS}:{key}") for key in case.get("secrets") or () if f"{NS}:{key}" in config}
+        path.write_text(yaml.safe_dump({"config": config, **self.salts[stack]}))
+        for key, value in secrets.items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            done = self.pulumi("config", "set", "--secret", "--stack", stack, f"{NS}:{key}", "--", text)
+            assert done.returncode == 0, done.stderr
+        return stack
+
+    def run(self, name: str, operation: str) -> Run:
+        stack = self.write(name)
         args = ["preview"] if operation == "preview" else ["up", "--yes", "--skip-preview"]
         started = time.time()
-        proc = pulumi_cli(d, *args, "--stack", stack)
-        runs.append(Run(operation, proc.returncode, proc.stdout + "\n" + proc.stderr, started, time.time()))
-    return runs
-
-
-def new_stack(d, stack: str) -> None:
-    init = pulumi_cli(d, "stack", "init", stack)
-    assert init.returncode == 0, init.stderr
+        proc = self.pulumi(*args, "--stack", stack)
+        return Run(operation, proc.returncode, proc.stdout + "\n" + proc.stderr, started, time.time())
 
 
 @pytest.fixture(scope="module")
-def corpus_through_pulumi(deployed) -> Batch:
+def corpus_through_pulumi(deployed, tmp_path_factory) -> Batch:
     """Every corpus case through the real `pulumi preview` against this module's recorded
-    rehearsal host, WORKERS at once: one stack per worker, rewritten per case (a preview never
-    stores a resource, so a stack carries nothing from one case to the next). Then `pulumi up`
-    for one case of each kind, one after the other, each on a new stack of its own (a failed
-    `up` may have stored resources; and one at a time, what reaches the host is that case's).
-    The host's command log and sshd journal are read once at the end; each command or login is
-    put on the case whose run it falls in."""
+    rehearsal host, WORKERS at once, each worker in a place of its own (`Place`). Then `pulumi up`
+    for one case of each kind, one after the other, each in a new place (a failed `up` may have
+    stored resources; and one at a time, what reaches the host is that case's). The host's
+    command log and sshd journal are read once at the end; each command or login is put on the
+    case whose run it falls in."""
     d = deployed
+    base = tmp_path_factory.mktemp("corpus")
     batch = Batch()
     record = H.HostRecord(d.host)
     mark = record.mark()
     logins_before = len(record.timed_logins())
     t0 = time.monotonic()
-    shared, named, unnamable = [], [], []
-    for name, case in CASES.items():
-        stack = case.get("stack") if isinstance(case, dict) else None
-        if stack is None:
-            shared.append(name)
-        elif PULUMI_STACK_NAME.fullmatch(str(stack)):
-            named.append(name)
-        else:
-            unnamable.append(name)
-    workers = [f"bad{i}" for i in range(WORKERS)]
-    for stack in workers:
-        new_stack(d, stack)
-    queue = list(shared)
+    queue = sorted(CASES)
     lock = threading.Lock()
 
-    def worker(stack: str) -> None:
+    def worker(i: int) -> None:
+        place = Place(d, base / f"w{i}")
         while True:
             with lock:
                 if not queue:
                     return
                 name = queue.pop(0)
-            batch.stacks[name] = stack
-            batch.runs[name] = run_case(d, name, stack, ("preview",))
+            batch.runs[name] = [place.run(name, "preview")]
 
     with ThreadPoolExecutor(WORKERS) as pool:
-        for future in [pool.submit(worker, stack) for stack in workers]:
+        for future in [pool.submit(worker, i) for i in range(WORKERS)]:
             future.result()
-    for i, name in enumerate(sorted(UP_TOO & set(shared))):
-        stack = f"up{i}"
-        new_stack(d, stack)
-        batch.runs[name] += run_case(d, name, stack, ("up",))
-    for name in named:
-        # A stack of its own name (rare); a project stack's file is put back as it was.
-        stack = str(CASES[name]["stack"])
-        path = d.project / f"Pulumi.{stack}.yaml"
-        original = path.read_text() if path.exists() else None
-        try:
-            select = pulumi_cli(d, "stack", "select", "--create", stack)
-            assert select.returncode == 0, select.stderr
-            batch.stacks[name] = stack
-            batch.runs[name] = run_case(d, name, stack, ("preview", "up") if name in UP_TOO else ("preview",))
-        finally:
-            if original is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.write_text(original)
-    for name in unnamable:
-        # Pulumi refuses the stack name itself, before any program or provider runs.
-        stack = str(CASES[name]["stack"])
-        started = time.time()
-        proc = pulumi_cli(d, "preview", "--stack", stack)
-        batch.stacks[name] = stack
-        batch.runs[name] = [Run("preview", proc.returncode, proc.stdout + "\n" + proc.stderr, started, time.time())]
-    for path in d.project.glob("Pulumi.*.yaml"):
-        if path.stem.removeprefix("Pulumi.") in workers or re.fullmatch(r"Pulumi\.up\d+", path.stem):
-            path.unlink()
+    for i, name in enumerate(sorted(UP_TOO)):
+        batch.runs[name].append(Place(d, base / f"up{i}").run(name, "up"))
     batch.seconds = time.monotonic() - t0
     record.mark()  # let journald write what sshd logged
     batch.commands = record.timed_commands()[mark[0]:]
@@ -221,25 +225,29 @@ def corpus_through_pulumi(deployed) -> Batch:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_corpus_case_is_refused_by_pulumi_with_no_command_on_the_host(corpus_through_pulumi, name):
+    """Refused, naming the setting (the program's own check), or by Pulumi itself before the
+    program runs (a stack file it cannot read, a stack name it does not allow); never a traceback;
+    not one command and not one login on the host during the run."""
     batch = corpus_through_pulumi
     case = CASES[name]
     runs = batch.runs[name]
-    nameable = PULUMI_STACK_NAME.fullmatch(batch.stacks[name])
-    assert [r.operation for r in runs] == (["preview", "up"] if name in UP_TOO and nameable else ["preview"])
+    assert [r.operation for r in runs] == (["preview", "up"] if name in UP_TOO else ["preview"])
+    how = []
     for run in runs:
         text = run.output
         assert run.returncode != 0, f"{name}: pulumi {run.operation} exited 0\n{text[-3000:]}"
-        if nameable:
+        if run.program_ran:
             assert case["expect"]["setting"] in text and case["expect"]["contains"] in text, \
-                f"{name} ({run.operation}): {text[-3000:]}"
+                f"{name} ({run.operation}): expected {case['expect']}\n{text[-3000:]}"
+            how.append(run.operation)
         else:
-            assert PULUMI_STACK_NAME_REFUSAL in text, f"{name} ({run.operation}): {text[-3000:]}"
+            assert any(r in text for r in PULUMI_OWN_REFUSALS), f"{name} ({run.operation}): {text[-3000:]}"
+            how.append("Pulumi's own check")
         assert "Traceback" not in text, f"{name} ({run.operation}): {text[-3000:]}"
-    for run in runs:
         commands, logins = batch.during([run])
         assert commands == [] and logins == [], \
-            f"{name}: pulumi {run.operation} reached the host: {len(logins)} logins, commands {commands}\n{run.output[-2000:]}"
-    H.refused(name, through_pulumi=True, operations=tuple(r.operation for r in runs))
+            f"{name}: pulumi {run.operation} reached the host: {len(logins)} logins, commands {commands}\n{text[-2000:]}"
+    H.refused(name, through_pulumi=True, operations=tuple(how))
 
 
 def test_the_corpus_batch_ran_nothing_on_the_host(corpus_through_pulumi):
