@@ -135,7 +135,9 @@ class Place:
 
     def pulumi(self, *args: str) -> subprocess.CompletedProcess:
         binary = Path(self.env["GPU_SERVING_PULUMI_BIN"]) / "pulumi"
-        return subprocess.run([str(binary), *args, "--non-interactive", "--color", "never"], cwd=self.project,
+        end = args.index("--") if "--" in args else len(args)  # flags before a `--` value
+        args = (*args[:end], "--non-interactive", "--color", "never", *args[end:])
+        return subprocess.run([str(binary), *args], cwd=self.project,
                               env=self.env, capture_output=True, text=True, timeout=600)
 
     def stack(self, stack: str) -> None:
