@@ -44,8 +44,9 @@ WORKERS = 3  # engine runs at once: each is ~2 s of CPU, mostly Python start-up
 # Pulumi's own rule for stack names: a case whose stack name breaks it never reaches the program.
 PULUMI_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 # Pulumi refuses some shapes itself, before any program or provider runs: a stack file it cannot
-# read (not YAML, not a mapping, a key without a namespace, alias expansion), a bad stack name.
-PULUMI_OWN_REFUSALS = ("error: getting stack configuration:",
+# read (not YAML, not a mapping, a key without a namespace, alias expansion), a value it cannot
+# decrypt, a declared secret in clear, a bad stack name.
+PULUMI_OWN_REFUSALS = ("error: getting stack configuration:", "error: validating stack config:",
                        "a stack name may only contain alphanumeric, hyphens, underscores, or periods")
 PROGRAM_RAN = "Previewing update ("  # ... or "Updating (": the engine started the program
 NS = "gpu-serving"
