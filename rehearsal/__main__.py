@@ -70,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("name")
     sp.add_argument("command", nargs=argparse.REMAINDER)
 
+    sub.add_parser("isolate", help=f"make the rehearsal address range ({host.RANGE}) end on this "
+                   "machine: refuse if the machine is attached to a network overlapping it, else "
+                   "add a no-route entry for it (idempotent; up does it too)")
+
     sp = add("rootfs", "build the base rootfs now (normally done by the first up)",
              name_nargs=None)
     sp.add_argument("--force", action="store_true", help="rebuild even when present")
@@ -107,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
             argv_ = host.ssh_argv(args.name, command)
             sys.stdout.flush()
             os.execvp(argv_[0], argv_)
+        elif args.verb == "isolate":
+            print(host.isolate_range())
         elif args.verb == "rootfs":
             print(host.ensure_rootfs(force=args.force))
     except host.RehearsalError as exc:

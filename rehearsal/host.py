@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -63,6 +64,13 @@ ROOTFS_PACKAGES = (
 
 SUBNET_PREFIX = "10.213"  # 10.213.<index>.0/24: root side .1, host .2
 MAX_INDEX = 254
+# The whole range ends on this machine (a no-route entry, `isolate_range`): a host that is
+# stopped, rebooting or not booted yet has no /24 of its own, and without it SSH attempts and
+# probes to its address would leave through the default route to whatever network owns it.
+RANGE = ipaddress.ip_network(f"{SUBNET_PREFIX}.0.0/16")
+# Never a host (indexes stop at 254): `isolate_range` checks that it has no route.
+NEVER_A_HOST = f"{SUBNET_PREFIX}.255.2"
+NO_ROUTE_TYPES = ("blackhole", "unreachable", "prohibit")
 NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,10}$")  # veth "gsr-<name>" must fit 15 chars
 SSH_USER = "root"
 SSH_PORT = 22
@@ -625,6 +633,83 @@ def _link_exists(dev: str, ns: Optional[str] = None) -> bool:
     return _run(argv, check=False).returncode == 0
 
 
+def _ip_json(*argv: str) -> list[dict]:
+    proc = _run(["ip", "-j", *argv])
+    text = proc.stdout.decode(errors="replace").strip()
+    return json.loads(text) if text else []
+
+
+def _ours(dev: Optional[str]) -> bool:
+    """A rehearsal host's veth (root side): `gsr-<name>`."""
+    return bool(dev) and dev.startswith(veth_name(""))
+
+
+def range_collisions() -> list[str]:
+    """What attaches this machine to a network overlapping the rehearsal range, other than the
+    hosts' own veths and the range's no-route entry: addresses and routes (every table), as
+    text for an error message. The default route is not a collision (the range is carved out of
+    it); a no-route entry of any size is not a network."""
+    found = []
+    for link in _ip_json("-4", "addr", "show"):
+        if _ours(link.get("ifname")):
+            continue
+        for a in link.get("addr_info", []):
+            net = ipaddress.ip_network(f"{a['local']}/{a.get('prefixlen', 32)}", strict=False)
+            if net.overlaps(RANGE):
+                found.append(f"address {a['local']}/{a.get('prefixlen', 32)} on {link['ifname']}")
+    for r in _ip_json("-4", "route", "show", "table", "all"):
+        dst = r.get("dst", "default")
+        # local/broadcast entries come from an address, listed above already
+        if (dst == "default" or r.get("type") in NO_ROUTE_TYPES + ("local", "broadcast")
+                or _ours(r.get("dev"))):
+            continue
+        try:
+            net = ipaddress.ip_network(dst, strict=False)
+        except ValueError:
+            continue
+        if net.prefixlen and net.overlaps(RANGE):
+            how = " ".join(f"{word} {r[k]}" for k, word in (("gateway", "via"), ("dev", "dev"),
+                                                             ("table", "table")) if r.get(k))
+            found.append(f"route {' '.join(filter(None, [r.get('type'), dst]))} {how}".strip())
+    return found
+
+
+def _has_no_route_entry() -> bool:
+    for r in _ip_json("-4", "route", "show", "exact", str(RANGE)):
+        if r.get("type") in NO_ROUTE_TYPES:
+            return True
+    return False
+
+
+def isolate_range() -> str:
+    """Make the rehearsal range end on this machine, idempotently: refuse when the machine is
+    attached to a network overlapping it, add an `unreachable` route for the whole range when
+    there is no no-route entry yet (an existing blackhole counts), and check that an address of
+    the range no host ever has is not routable. The per-host /24 on each veth is more specific
+    and keeps working. Returns what it did, for a log line."""
+    _require_root()
+    with _global_lock():
+        collisions = range_collisions()
+        if collisions:
+            raise RehearsalError(
+                f"the rehearsal hosts' address range {RANGE} overlaps a network this machine is "
+                f"attached to ({'; '.join(collisions)}): rehearsal traffic must never leave this "
+                "machine, so no rehearsal host starts here. Remove that address or route, or "
+                "run the rehearsal on a machine that is not attached to that range")
+        done = f"{RANGE} already ends here (no-route entry present)"
+        if not _has_no_route_entry():
+            _run(["ip", "route", "replace", "unreachable", str(RANGE)])
+            done = f"added `unreachable {RANGE}`: the rehearsal range ends on this machine"
+        probe = _run(["ip", "route", "get", NEVER_A_HOST], check=False)
+        if probe.returncode == 0:
+            raise RehearsalError(
+                f"{NEVER_A_HOST} (in the rehearsal range {RANGE}, never a host) is still "
+                f"routable ({probe.stdout.decode(errors='replace').strip()}) despite the "
+                f"no-route entry: a policy rule (`ip rule`) sends the range elsewhere; "
+                "rehearsal traffic must never leave this machine, so no rehearsal host starts")
+    return done
+
+
 def _network_up(cfg: InstanceConfig) -> None:
     ns, veth = netns_name(cfg.name), veth_name(cfg.name)
     gw, addr = subnet(cfg.index)
@@ -1066,6 +1151,7 @@ def up(name: str = DEFAULT_NAME, profile: Optional[str] = None, model: Optional[
     validate_name(name)
     _require_root()
     _require_tools()
+    isolate_range()
     existing = InstanceConfig.load(name)
     rootfs = Path(existing.rootfs) if existing else ensure_rootfs()
     with _instance_lock(name):
@@ -1107,6 +1193,7 @@ def restart(name: str = DEFAULT_NAME, timeout: float = 120.0,
     validate_name(name)
     _require_root()
     _require_tools()
+    isolate_range()
     with _instance_lock(name):
         cfg = InstanceConfig.load(name)
         if cfg is None:
@@ -1170,3 +1257,4 @@ class RehearsalHost:
     list = staticmethod(list_hosts)
     ssh_argv = staticmethod(ssh_argv)
     ensure_rootfs = staticmethod(ensure_rootfs)
+    isolate_range = staticmethod(isolate_range)

@@ -4,11 +4,12 @@ command run on a rehearsal host over SSH, and the out-of-band controls that inje
 The summary line is printed at the end of the run (tests/conftest.py registers the plugin), from
 counters the tests fill, whenever a hardening test counted something:
 
-    hardening: 90 invalid configs refused (10 through pulumi with 0 host commands), 9 faults injected and survived, 0 secrets found in outputs (28 outputs checked)
+    hardening: 101 invalid configs refused (101 through pulumi with 0 host commands: 101 by preview, 18 by up), 9 faults injected and survived, 0 secrets found in outputs (28 outputs checked)
 """
 from __future__ import annotations
 
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +27,8 @@ import pytest
 class Figures:
     refused: set = field(default_factory=set)            # corpus cases the validator refused
     refused_by_pulumi: set = field(default_factory=set)  # ... also through pulumi preview/up, 0 commands
+    by_operation: dict = field(default_factory=dict)     # "preview"/"up" -> cases refused by it
+    batch: tuple = ()                                    # (cases, engine runs, at once, seconds)
     faults: dict = field(default_factory=dict)           # fault name -> survived (bool)
     outputs_checked: int = 0
     secrets_found: int = 0
@@ -34,8 +37,16 @@ class Figures:
 FIGURES = Figures()
 
 
-def refused(case: str, *, through_pulumi: bool = False) -> None:
+def refused(case: str, *, through_pulumi: bool = False, operations: tuple[str, ...] = ()) -> None:
+    """`case` was refused; `through_pulumi`: by the real engine with 0 host commands and 0 logins,
+    by the pulumi `operations` named (preview, up)."""
     (FIGURES.refused_by_pulumi if through_pulumi else FIGURES.refused).add(case)
+    for op in operations:
+        FIGURES.by_operation.setdefault(op, set()).add(case)
+
+
+def corpus_batch(cases: int, runs: int, at_once: int, seconds: float) -> None:
+    FIGURES.batch = (cases, runs, at_once, seconds)
 
 
 def fault_injected(name: str) -> None:
@@ -56,8 +67,9 @@ def summary_line() -> str:
     survived = sum(f.faults.values())
     faults = (f"{len(f.faults)} faults injected and survived" if survived == len(f.faults)
               else f"{len(f.faults)} faults injected, {survived} survived")
+    ops = ", ".join(f"{len(cases)} by {op}" for op, cases in sorted(f.by_operation.items(), key=lambda x: x[0] != "preview"))
     return (f"hardening: {len(f.refused | f.refused_by_pulumi)} invalid configs refused "
-            f"({len(f.refused_by_pulumi)} through pulumi with 0 host commands), {faults}, "
+            f"({len(f.refused_by_pulumi)} through pulumi with 0 host commands{': ' + ops if ops else ''}), {faults}, "
             f"{f.secrets_found} secrets found in outputs ({f.outputs_checked} outputs checked)")
 
 
@@ -71,6 +83,10 @@ class SummaryPlugin:
         if counted():
             terminalreporter.write_sep("-", "gpu-serving hardening (issue 8)")
             terminalreporter.write_line(summary_line())
+            if FIGURES.batch:
+                cases, runs, at_once, seconds = FIGURES.batch
+                terminalreporter.write_line(f"hardening: the bad-input corpus through pulumi: {cases} cases, {runs} engine "
+                                            f"runs ({at_once} at once) in {seconds:.0f} s")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -121,6 +137,26 @@ class HostRecord:
         out = subprocess.run(["journalctl", "-D", str(self.root / "var/log/journal"), "-t", "sshd", "-o", "cat",
                               "--no-pager"], capture_output=True, text=True, timeout=60).stdout
         return out.count("Accepted publickey")
+
+    def timed_commands(self) -> list[tuple[float, str]]:
+        """(epoch seconds when it started, command) of every recorded command."""
+        out = []
+        for line in (self.root / COMMAND_LOG.lstrip("/")).read_text().splitlines() \
+                if (self.root / COMMAND_LOG.lstrip("/")).exists() else []:
+            when, _, b64 = line.partition(" ")
+            out.append((float(when), base64.b64decode(b64).decode(errors="replace")))
+        return out
+
+    def timed_logins(self) -> list[float]:
+        """Epoch seconds of every "Accepted publickey" line of sshd's journal."""
+        out = subprocess.run(["journalctl", "-D", str(self.root / "var/log/journal"), "-t", "sshd", "-o", "json",
+                              "--no-pager"], capture_output=True, text=True, timeout=60).stdout
+        times = []
+        for line in out.splitlines():
+            entry = json.loads(line)
+            if "Accepted publickey" in str(entry.get("MESSAGE", "")):
+                times.append(int(entry["__REALTIME_TIMESTAMP"]) / 1e6)
+        return times
 
     def mark(self) -> tuple[int, int]:
         time.sleep(0.5)  # let journald write what sshd logged
