@@ -23,7 +23,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 
 from .. import cuda as C
 from .. import venv as V
-from . import reads, ssh
+from . import identity, reads, ssh
 from .reads import PROBE_TIMEOUT
 
 INSTALL_LOCK = "/run/lock/gpu-serving-install.lock"
@@ -43,7 +43,10 @@ def _target(props: dict) -> ssh.Target:
 
 
 def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    return [k for k in keys if olds.get(k) != news.get(k)]
+    # A connection by where and how it connects: a label added to it is no change of the host.
+    def value(props, k):
+        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
+    return [k for k in keys if value(olds, k) != value(news, k)]
 
 
 def _locked(argv: list[str]) -> list[str]:
@@ -198,6 +201,7 @@ class CudaToolkitProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._converge({**news, "sourceLine": olds.get("sourceLine")}))
 
+    @identity.checked_read
     def read(self, id, props):
         """What nvcc says now: a toolkit removed or changed by hand reads as another version."""
         observed = self._probe(_target(props), props)
@@ -205,6 +209,7 @@ class CudaToolkitProvider(ResourceProvider):
         inputs = {k: v for k, v in outs.items() if k not in ("nvccRelease", "sourceLine")}
         return ReadResult(id_=id, outs=outs, inputs=inputs)
 
+    @identity.checked_diff
     def diff(self, id, olds, news):
         changed = _changed(olds, news, self.DIFFED)
         return DiffResult(changes=bool(changed), replaces=["home"] if "home" in changed else [], stables=[],
@@ -301,6 +306,7 @@ class PythonVenvProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._converge(news))
 
+    @identity.checked_read
     def read(self, id, props):
         """The venv as it is: python version and the declared packages' installed versions."""
         declared = props.get("declaredPackages") or props["packages"]
@@ -309,6 +315,7 @@ class PythonVenvProvider(ResourceProvider):
         inputs = {k: v for k, v in outs.items() if k not in V.OUTPUT_KEYS}
         return ReadResult(id_=id, outs=outs, inputs=inputs)
 
+    @identity.checked_diff
     def diff(self, id, olds, news):
         changed = _changed(olds, news, self.DIFFED)
         if V.wheelhouse_key(olds.get("wheelhouse")) != V.wheelhouse_key(news.get("wheelhouse")):

@@ -24,7 +24,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from .. import readiness as R
 from .. import switch
 from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show, split_sections
-from . import probe, reads, ssh
+from . import identity, probe, reads, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
 # How long a file write waits for the host lock when no readiness settings say otherwise.
@@ -137,14 +137,18 @@ def _secrets(props: dict) -> list[str]:
 
 
 def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    return [k for k in keys if olds.get(k) != news.get(k)]
+    # A connection by where and how it connects: a label added to it is no change of the host.
+    def value(props, k):
+        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
+    return [k for k in keys if value(olds, k) != value(news, k)]
 
 
-def _require_target(props: dict) -> ssh.Target:
+def _require_target(props: dict, stored: bool = False) -> ssh.Target:
+    """`stored`: the props are the state's (a delete), so messages say where its key comes from."""
     c = props.get("connection") or {}
     if c.get("unavailable"):
         raise ssh.RemoteError(c["unavailable"])
-    return ssh.Target.from_props(props)
+    return ssh.Target.from_props(props, stored=stored)
 
 
 def _warm_imports() -> None:
@@ -230,11 +234,13 @@ class HostFactsProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._apply(news))
 
+    @identity.checked_read
     def read(self, id, props):
         # The stored list: in a no-op, exactly this run's; `check` adds what changed since.
         facts = self._read(props, props.get("prefetch"))
         return ReadResult(id_=id, outs={**props, "facts": facts})
 
+    @identity.checked_diff
     def diff(self, id, olds, news):
         # Not `prefetch`: which reads are started ahead is never a change of the host.
         changed = _changed(olds, news, ["connection", "cudaHome", "expect"])
@@ -313,6 +319,7 @@ class RemoteFileProvider(ResourceProvider):
     def read_requests(props: dict) -> list[dict]:
         return reads.remote_file(props)
 
+    @identity.checked_read
     def read(self, id, props):
         t = _require_target(props)
         content_request, mode_request = self.read_requests(props)
@@ -333,6 +340,7 @@ class RemoteFileProvider(ResourceProvider):
             state["secretEnvironment"] = {k: "[edited on host]" for k in props.get("secretEnvironment") or {}}
         return ReadResult(id_=id, outs=state, inputs={k: state[k] for k in props if k in state})
 
+    @identity.checked_diff
     def diff(self, id, olds, news):
         replaces = ["path"] if olds.get("path") != news.get("path") else []
         changed = _changed(olds, news, ["path", "content", "mode", "secretEnvironment", "connection"])
@@ -341,7 +349,7 @@ class RemoteFileProvider(ResourceProvider):
     def delete(self, id, props):
         if props.get("retainOnDelete"):
             return
-        t = _require_target(props)
+        t = _require_target(props, stored=True)
         ssh.remove_file(t, props["path"])
         if props.get("reloadSystemd"):
             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
@@ -602,6 +610,7 @@ class ServiceProvider(ResourceProvider):
         live = self._read_live(_require_target(props), props)
         return live["runningServer"] if live else R.NOT_RUNNING
 
+    @identity.checked_read
     def read(self, id, props):
         t = _require_target(props)
         live = self._read_live(t, props)
@@ -610,6 +619,7 @@ class ServiceProvider(ResourceProvider):
         outs = {**props, **live}
         return ReadResult(id_=id, outs=outs, inputs={**{k: props[k] for k in props if k not in ("previous", "readinessReport")}, **live})
 
+    @identity.checked_diff
     def diff(self, id, olds, news):
         active = news.get("active", True)
         # A state written before the process was compared has no runningServer: as declared.
@@ -623,7 +633,7 @@ class ServiceProvider(ResourceProvider):
         return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
 
     def delete(self, id, props):
-        t = _require_target(props)
+        t = _require_target(props, stored=True)
         # Only this stack's own unit: siblings and shared files are never touched.
         ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180, check=False)
 
@@ -702,6 +712,7 @@ class ReadinessProvider(ResourceProvider):
         report = news["report"] if self._fresh(olds, news) else self._converge(news)
         return UpdateResult(outs={**news, **report})
 
+    @identity.checked_read
     def read(self, id, props):
         report = self._probe(props).as_dict()
         if report["status"] == R.READY:
@@ -709,6 +720,7 @@ class ReadinessProvider(ResourceProvider):
             report["seconds_to_ready"] = props.get("seconds_to_ready")
         return ReadResult(id_=id, outs={**props, **report}, inputs={k: v for k, v in props.items()})
 
+    @identity.checked_diff
     def diff(self, id, olds, news):
         changed = _changed(olds, news, ["unit", "port", "declared", "connection"])
         if olds.get("status") not in (None, R.READY):
