@@ -4,11 +4,12 @@ With `refresh: always` every run first reads each resource with the connection r
 state, so with the key the host had at the last `up`. A machine reinstalled (or given a new key)
 presents another one: the read connects to nobody (the key is checked before anything is sent)
 and, instead of failing the whole run, records the key the host presented (`hostKeyPresented`)
-and reads nothing. The diff against the program's connection then decides, before any command:
+and reads nothing. The check of the program's inputs (the engine's Check, which follows the
+refresh and gets the refreshed state as `olds`) then decides, before any command:
 
 - the declared `hostKey` is the key the host presents (the operator verified it and set it, or a
-  rehearsal host printed it): the connection is a change, and the update connects with the
-  declared key, pinned as always, and puts everything back;
+  rehearsal host printed it): the connection is a change in the diff, and the update connects
+  with the declared key, pinned as always, and puts everything back;
 - the declared key is still the old one, or a third one: the run stops with the identity error,
   naming both keys, where each comes from and the fleet entry. Nothing is read or changed.
 
@@ -43,7 +44,11 @@ def _say_once(key: tuple, message: str) -> None:
 
 
 def _named(c: dict) -> str:
-    where = f"{c.get('user')}@{c.get('host')}:{c.get('port')}"
+    try:
+        port = int(c.get("port"))  # a number comes back from the engine as a float
+    except (TypeError, ValueError):
+        port = c.get("port")
+    where = f"{c.get('user')}@{c.get('host')}:{port}"
     return f"{c['entry']} ({where})" if c.get("entry") else where
 
 
@@ -62,13 +67,18 @@ def checked_read(read):
                       f"than the one the stack's state recorded at the last `pulumi up` "
                       f"({ssh.key_fingerprint(exc.pinned)}); nothing was read from it. If the declared "
                       f"{c.get('keyFrom') or 'hostKey'} is the new key, this run connects with it; otherwise it stops.")
-            return ReadResult(id_=id, outs={**props, PRESENTED: ssh.key_blob(exc.presented)})
+            outs = {**props, PRESENTED: ssh.key_blob(exc.presented)}
+            # In the inputs too: the engine's Check gets the refreshed inputs as `olds`.
+            return ReadResult(id_=id, outs=outs, inputs=dict(outs))
     return wrapper
 
 
 def check(olds: dict, news: dict) -> None:
-    """In a diff, before anything connects: raise the identity error when the host presented a
-    key (recorded by the read) that the declaration does not pin."""
+    """Before anything connects, with the program's inputs (`news`) and the refreshed state
+    (`olds`): raise the identity error when the host presented a key (recorded by the read) that
+    the declaration does not pin. Not in the diff: the engine also diffs the refreshed outputs
+    against the stored inputs to show a refresh, and that diff cannot be told apart from the
+    program's when the declared key is still the old one."""
     presented = olds.get(PRESENTED)
     old, new = olds.get("connection"), news.get("connection")
     if not presented or not isinstance(old, dict) or not isinstance(new, dict) or new.get("unavailable"):
@@ -97,10 +107,15 @@ def check(olds: dict, news: dict) -> None:
         f"Refusing to connect: nothing was read from it or sent to it. {fix}")
 
 
-def checked_diff(diff):
-    """Wrap a provider's `diff` with `check`."""
-    @functools.wraps(diff)
-    def wrapper(self, id, olds, news):
-        check(olds, news)
-        return diff(self, id, olds, news)
-    return wrapper
+def guarded(cls):
+    """Class decorator for a provider: its `read` records a changed host key (`checked_read`),
+    and its `check` (its own or the inherited one) runs `check` first."""
+    cls.read = checked_read(cls.read)
+    inner = cls.check
+
+    @functools.wraps(inner)
+    def checked(self, olds, news):
+        check(olds or {}, news or {})
+        return inner(self, olds, news)
+    cls.check = checked
+    return cls

@@ -83,6 +83,7 @@ def sync_files(t: ssh.Target, files: dict[str, Path], remote_dir: str, mode: int
 
 
 # ---------------------------------------------------------------------------------------------
+@identity.guarded
 class CudaToolkitProvider(ResourceProvider):
     """The CUDA toolkit at props["home"], at props["version"].
 
@@ -201,7 +202,6 @@ class CudaToolkitProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._converge({**news, "sourceLine": olds.get("sourceLine")}))
 
-    @identity.checked_read
     def read(self, id, props):
         """What nvcc says now: a toolkit removed or changed by hand reads as another version."""
         observed = self._probe(_target(props), props)
@@ -209,7 +209,6 @@ class CudaToolkitProvider(ResourceProvider):
         inputs = {k: v for k, v in outs.items() if k not in ("nvccRelease", "sourceLine")}
         return ReadResult(id_=id, outs=outs, inputs=inputs)
 
-    @identity.checked_diff
     def diff(self, id, olds, news):
         changed = _changed(olds, news, self.DIFFED)
         return DiffResult(changes=bool(changed), replaces=["home"] if "home" in changed else [], stables=[],
@@ -220,6 +219,7 @@ class CudaToolkitProvider(ResourceProvider):
 
 
 # ---------------------------------------------------------------------------------------------
+@identity.guarded
 class PythonVenvProvider(ResourceProvider):
     """The venv at props["path"] with the pinned packages.
 
@@ -306,7 +306,6 @@ class PythonVenvProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._converge(news))
 
-    @identity.checked_read
     def read(self, id, props):
         """The venv as it is: python version and the declared packages' installed versions."""
         declared = props.get("declaredPackages") or props["packages"]
@@ -315,7 +314,6 @@ class PythonVenvProvider(ResourceProvider):
         inputs = {k: v for k, v in outs.items() if k not in V.OUTPUT_KEYS}
         return ReadResult(id_=id, outs=outs, inputs=inputs)
 
-    @identity.checked_diff
     def diff(self, id, olds, news):
         changed = _changed(olds, news, self.DIFFED)
         if V.wheelhouse_key(olds.get("wheelhouse")) != V.wheelhouse_key(news.get("wheelhouse")):

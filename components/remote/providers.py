@@ -163,6 +163,7 @@ def _warm_imports() -> None:
 
 
 # ---------------------------------------------------------------------------------------
+@identity.guarded
 class HostFactsProvider(ResourceProvider):
     """Reads GPUs, driver, CUDA, interconnect and OS in one round trip, and refuses a host that
     cannot run the declared strategy (before any unit is written: units depend on this).
@@ -234,13 +235,11 @@ class HostFactsProvider(ResourceProvider):
     def update(self, id, olds, news):
         return UpdateResult(outs=self._apply(news))
 
-    @identity.checked_read
     def read(self, id, props):
         # The stored list: in a no-op, exactly this run's; `check` adds what changed since.
         facts = self._read(props, props.get("prefetch"))
         return ReadResult(id_=id, outs={**props, "facts": facts})
 
-    @identity.checked_diff
     def diff(self, id, olds, news):
         # Not `prefetch`: which reads are started ahead is never a change of the host.
         changed = _changed(olds, news, ["connection", "cudaHome", "expect"])
@@ -253,6 +252,7 @@ class HostFactsProvider(ResourceProvider):
 
 
 # ---------------------------------------------------------------------------------------
+@identity.guarded
 class RemoteFileProvider(ResourceProvider):
     """A file on the host: written atomically, read back on refresh.
 
@@ -319,7 +319,6 @@ class RemoteFileProvider(ResourceProvider):
     def read_requests(props: dict) -> list[dict]:
         return reads.remote_file(props)
 
-    @identity.checked_read
     def read(self, id, props):
         t = _require_target(props)
         content_request, mode_request = self.read_requests(props)
@@ -340,7 +339,6 @@ class RemoteFileProvider(ResourceProvider):
             state["secretEnvironment"] = {k: "[edited on host]" for k in props.get("secretEnvironment") or {}}
         return ReadResult(id_=id, outs=state, inputs={k: state[k] for k in props if k in state})
 
-    @identity.checked_diff
     def diff(self, id, olds, news):
         replaces = ["path"] if olds.get("path") != news.get("path") else []
         changed = _changed(olds, news, ["path", "content", "mode", "secretEnvironment", "connection"])
@@ -356,6 +354,7 @@ class RemoteFileProvider(ResourceProvider):
 
 
 # ---------------------------------------------------------------------------------------
+@identity.guarded
 class ServiceProvider(ResourceProvider):
     """The strategy unit's state: enabled and active, started under a host-wide lock, checked
     by readiness, rolled back to the strategy that served before when it fails.
@@ -610,7 +609,6 @@ class ServiceProvider(ResourceProvider):
         live = self._read_live(_require_target(props), props)
         return live["runningServer"] if live else R.NOT_RUNNING
 
-    @identity.checked_read
     def read(self, id, props):
         t = _require_target(props)
         live = self._read_live(t, props)
@@ -619,7 +617,6 @@ class ServiceProvider(ResourceProvider):
         outs = {**props, **live}
         return ReadResult(id_=id, outs=outs, inputs={**{k: props[k] for k in props if k not in ("previous", "readinessReport")}, **live})
 
-    @identity.checked_diff
     def diff(self, id, olds, news):
         active = news.get("active", True)
         # A state written before the process was compared has no runningServer: as declared.
@@ -643,6 +640,7 @@ def props_unit(props: dict) -> str:
     return str(props.get("unit", "the unit"))
 
 
+@identity.guarded
 class ReadinessProvider(ResourceProvider):
     """The readiness report as a resource: created from the service's check, re-probed on
     refresh, so a server that died since the last `up` shows as drift. Every report, here and
@@ -712,7 +710,6 @@ class ReadinessProvider(ResourceProvider):
         report = news["report"] if self._fresh(olds, news) else self._converge(news)
         return UpdateResult(outs={**news, **report})
 
-    @identity.checked_read
     def read(self, id, props):
         report = self._probe(props).as_dict()
         if report["status"] == R.READY:
@@ -720,7 +717,6 @@ class ReadinessProvider(ResourceProvider):
             report["seconds_to_ready"] = props.get("seconds_to_ready")
         return ReadResult(id_=id, outs={**props, **report}, inputs={k: v for k, v in props.items()})
 
-    @identity.checked_diff
     def diff(self, id, olds, news):
         changed = _changed(olds, news, ["unit", "port", "declared", "connection"])
         if olds.get("status") not in (None, R.READY):
