@@ -32,6 +32,18 @@ ROTATE = ("rm -f /etc/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key.pub
           "systemctl restart ssh && cut -d' ' -f1,2 /etc/ssh/ssh_host_ed25519_key.pub")
 
 
+# The drift check's exit status with this Pulumi when it finds changes (README "Drift"): not the
+# 255 of an error, so a script can tell drift from a failure.
+DRIFT_EXIT = 7
+
+
+def drift_check(d, stack: str) -> subprocess.CompletedProcess:
+    """`pulumi preview --refresh --expect-no-changes`, the README's drift check, by the CLI."""
+    argv = [str(Path(d.env["GPU_SERVING_PULUMI_BIN"]) / "pulumi"), "preview", "--refresh", "--expect-no-changes",
+            "--non-interactive", "--stack", stack]
+    return subprocess.run(argv, cwd=d.project, env=d.env, capture_output=True, text=True, timeout=600)
+
+
 def main_pid(host) -> str:
     return H.nsenter(host, "systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
 
@@ -89,6 +101,11 @@ def test_reinstalled_host_stops_the_run_naming_both_keys_then_its_new_key_conver
                 "and hosts[gpu2].hostKey is still that old key") in text, "(output above)"
         assert "then set it as hosts[gpu2].hostKey" in text, "(output above)"
 
+    # By the CLI: an error, not the exit status of drift.
+    out = drift_check(d, "tp8")
+    assert out.returncode not in (0, DRIFT_EXIT) and "host identity check failed" in out.stdout + out.stderr, out
+    print("drift check refusing a changed host key: exit", out.returncode)
+
     # A third key declared (neither the state's nor the host's): refused as well.
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "third")], check=True)
     third = " ".join((tmp_path / "third.pub").read_text().split()[:2])
@@ -134,6 +151,11 @@ def test_fleet_with_one_rehearsal_host_rebuilt_recovers_in_one_up(fleet):
     rehearsal.down(gpu2.name)
     rebuilt = rehearsal.up(gpu2.name)
     assert ssh.key_blob(rebuilt.host_public_key) != ssh.key_blob(gpu2.host_public_key)
+
+    # The drift check sees the rebuilt host as it is (its units are gone): drift, exit 7.
+    out = drift_check(fleet, "tp8")
+    assert out.returncode == DRIFT_EXIT, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+    assert "gpu2-" in out.stdout
 
     result = stack.up(on_output=print)
     readiness = result.outputs["readiness"].value
