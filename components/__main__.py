@@ -62,16 +62,28 @@ def _print_hosts(plans: list[tuple[str, ServingPlan]]) -> None:
         _print_plan(first[key])
 
 
-def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
-    """The switch as a reviewer wants it: which unit stops, which starts, and every changed line."""
+def _switch(before: ServingPlan, after: ServingPlan) -> dict:
+    """The switch from `before` to `after`: which unit stops, which starts, every changed line."""
     import difflib
-    print(f"switch {before.settings.stack} -> {after.settings.stack}: {before.unit.name} stops, {after.unit.name} starts")
-    print(f"  layout  {before.layout.describe()}  ->  {after.layout.describe()}")
-    print(f"  KV pool {before.memory.max_total_tokens:,} -> {after.memory.max_total_tokens:,} tokens per replica")
+    diffs = {}
     for name, a, b in (("unit", before.unit.text, after.unit.text),
                        ("environment", before.environment_text, after.environment_text)):
-        diff = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"{before.settings.stack} {name}",
-                                         f"{after.settings.stack} {name}", lineterm="", n=1))
+        diffs[name] = list(difflib.unified_diff(a.splitlines(), b.splitlines(), f"{before.settings.stack} {name}",
+                                                f"{after.settings.stack} {name}", lineterm="", n=1))
+    return {"from": before.settings.stack, "to": after.settings.stack, "stops": before.unit.name, "starts": after.unit.name,
+            "layout": {"from": before.layout.describe(), "to": after.layout.describe()},
+            "kv_tokens_per_replica": {"from": before.memory.max_total_tokens, "to": after.memory.max_total_tokens},
+            "unit_diff": diffs["unit"], "environment_diff": diffs["environment"]}
+
+
+def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
+    """The switch as a reviewer wants it: which unit stops, which starts, and every changed line."""
+    d = _switch(before, after)
+    print(f"switch {d['from']} -> {d['to']}: {d['stops']} stops, {d['starts']} starts")
+    print(f"  layout  {d['layout']['from']}  ->  {d['layout']['to']}")
+    print(f"  KV pool {d['kv_tokens_per_replica']['from']:,} -> {d['kv_tokens_per_replica']['to']:,} tokens per replica")
+    for name in ("unit", "environment"):
+        diff = d[f"{name}_diff"]
         print("\n".join(diff) if diff else f"  {name}: identical")
 
 
@@ -110,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if before is not None:
-        _print_switch(before, plan)
+        if args.json:
+            json.dump(_switch(before, plan), sys.stdout, indent=2)
+            print()
+        else:
+            _print_switch(before, plan)
         return 0
     if args.json:
         out = plan.as_dict()

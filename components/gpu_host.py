@@ -21,6 +21,8 @@ class GpuHostArgs:
     private_key: Optional[pulumi.Output[str]] = None
     # The reads the later resources make on refresh (components/prefetch.py), started ahead.
     prefetch: Optional[list] = None
+    # The fleet entry's name ("" for the one-host form): messages name the machine as the stack does.
+    entry: str = ""
 
 
 def rehearsal_info(name: str) -> Optional[dict]:
@@ -35,18 +37,25 @@ def rehearsal_info(name: str) -> Optional[dict]:
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
     """(the secret connection object the providers use, the host's address)."""
     h = args.settings.host
-    timeouts = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
+    shared = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
+    # Labels for messages (ssh.CONNECTION_LABELS: never a change): which entry, where its key is set.
+    entry = f"hosts[{args.entry}]" if args.entry else "gpu-serving:host"
+    if h.is_rehearsal:
+        shared.update(entry=entry, rehearsal=h.rehearsal,
+                        keyFrom=f"the rehearsal host {h.rehearsal!r} (the key it printed, in its host.json)")
+    else:
+        shared.update(entry=entry, keyFrom=f"{entry}.hostKey")
     if h.is_rehearsal:
         info = rehearsal_info(h.rehearsal)
         if info is None:
             # Preview still works without the host; `up` stops with this sentence.
             conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
                     "unavailable": f"the rehearsal host {h.rehearsal!r} is not running: start it with "
-                                   f"`python -m rehearsal up {h.rehearsal}` (or set gpu-serving:host.address)", **timeouts}
+                                   f"`python -m rehearsal up {h.rehearsal}` (or set gpu-serving:host.address)", **shared}
             return pulumi.Output.secret(conn), conn["host"]
         key = Path(info["private_key"]).read_text()
         conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
-                "privateKey": key, "hostKey": info["host_public_key"], **timeouts}
+                "privateKey": key, "hostKey": info["host_public_key"], **shared}
         return pulumi.Output.secret(conn), info["address"]
     if not h.host_key:
         raise pulumi.RunError("gpu-serving:host.hostKey is required for a real host: pin its SSH host key "
@@ -59,7 +68,7 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
         raise pulumi.RunError("no SSH key: set the secret gpu-serving:sshPrivateKey "
                               "(pulumi config set --secret gpu-serving:sshPrivateKey < key) or host.privateKeyPath")
     conn = pulumi.Output.secret(key_output).apply(lambda k: {
-        "host": h.address, "port": h.port, "user": h.user, "privateKey": k, "hostKey": h.host_key, **timeouts})
+        "host": h.address, "port": h.port, "user": h.user, "privateKey": k, "hostKey": h.host_key, **shared})
     return conn, h.address
 
 

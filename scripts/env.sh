@@ -8,6 +8,9 @@
 #                                the dynamic-provider launcher, pulumi-resource-command). The CLI
 #                                takes language hosts and resource providers from PATH before its
 #                                plugin cache, so nothing is ever installed into PULUMI_HOME.
+#                                Then the project's .venv/bin, so `python -m components ...` and
+#                                `python -m rehearsal ...` run the project's Python. Both once,
+#                                however often the file is sourced.
 #   GPU_SERVING_PULUMI_BIN       that bin dir; GPU_SERVING_PULUMI_ROOT its parent, which is what the
 #                                Automation API wants: PulumiCommand(root=$GPU_SERVING_PULUMI_ROOT)
 #   PULUMI_SKIP_UPDATE_CHECK=true, PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
@@ -33,12 +36,16 @@ export GPU_SERVING_PULUMI_ROOT="$_gs_cache/pulumi/v$PULUMI_VERSION"
 export GPU_SERVING_PULUMI_BIN="$GPU_SERVING_PULUMI_ROOT/bin"
 export PULUMI_VERSION PULUMI_PYTHON_SDK_VERSION PULUMI_COMMAND_VERSION
 
-# Bin dir first on PATH, exactly once.
+# Engine bin dir first on PATH, then the project's venv, each exactly once.
+_gs_venv_bin="$_gs_repo/.venv/bin"
 _gs_path=":${PATH:-}:"
-_gs_path=${_gs_path//":$GPU_SERVING_PULUMI_BIN:"/:}
+while [[ $_gs_path == *":$GPU_SERVING_PULUMI_BIN:"* || $_gs_path == *":$_gs_venv_bin:"* ]]; do
+  _gs_path=${_gs_path//":$GPU_SERVING_PULUMI_BIN:"/:}
+  _gs_path=${_gs_path//":$_gs_venv_bin:"/:}
+done
 _gs_path=${_gs_path#:}
 _gs_path=${_gs_path%:}
-export PATH="$GPU_SERVING_PULUMI_BIN${_gs_path:+:$_gs_path}"
+export PATH="$GPU_SERVING_PULUMI_BIN:$_gs_venv_bin${_gs_path:+:$_gs_path}"
 
 export PULUMI_SKIP_UPDATE_CHECK=true
 # With `refresh: always`, run the program before refreshing: a bad setting is refused before any
@@ -64,4 +71,4 @@ if [ ! -x "$GPU_SERVING_PULUMI_BIN/pulumi" ]; then
   echo "scripts/env.sh: no Pulumi engine at $GPU_SERVING_PULUMI_BIN yet: run scripts/bootstrap-pulumi" >&2
 fi
 
-unset _gs_repo _gs_cache _gs_path
+unset _gs_repo _gs_cache _gs_path _gs_venv_bin

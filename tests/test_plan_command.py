@@ -110,3 +110,14 @@ def test_rehearsal_hosts_lists_the_hosts_to_boot(tmp_path):
     (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu-serving:hosts: []\n")
     bad = subprocess.run(cmd + ["--stack", "bad"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "gpu-serving:hosts" in bad.stderr
+
+
+def test_switch_as_json_is_json():
+    """README: `python -m components plan --against tp8 --stack ep8 --json` prints JSON."""
+    out = run_plan("--against", "tp8", "--stack", "ep8", "--json")
+    assert out.returncode == 0, out.stderr
+    switch = json.loads(out.stdout)
+    assert (switch["from"], switch["to"]) == ("tp8", "ep8")
+    assert (switch["stops"], switch["starts"]) == ("sglang-kimi-k2.6-tp8.service", "sglang-kimi-k2.6-ep8.service")
+    assert "-    --ep-size 1 \\" in switch["unit_diff"] and "+    --ep-size 8 \\" in switch["unit_diff"]
+    assert switch["environment_diff"] == []

@@ -23,7 +23,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 
 from .. import cuda as C
 from .. import venv as V
-from . import reads, ssh
+from . import identity, reads, ssh
 from .reads import PROBE_TIMEOUT
 
 INSTALL_LOCK = "/run/lock/gpu-serving-install.lock"
@@ -43,7 +43,10 @@ def _target(props: dict) -> ssh.Target:
 
 
 def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    return [k for k in keys if olds.get(k) != news.get(k)]
+    # A connection by where and how it connects: a label added to it is no change of the host.
+    def value(props, k):
+        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
+    return [k for k in keys if value(olds, k) != value(news, k)]
 
 
 def _locked(argv: list[str]) -> list[str]:
@@ -80,6 +83,7 @@ def sync_files(t: ssh.Target, files: dict[str, Path], remote_dir: str, mode: int
 
 
 # ---------------------------------------------------------------------------------------------
+@identity.guarded
 class CudaToolkitProvider(ResourceProvider):
     """The CUDA toolkit at props["home"], at props["version"].
 
@@ -215,6 +219,7 @@ class CudaToolkitProvider(ResourceProvider):
 
 
 # ---------------------------------------------------------------------------------------------
+@identity.guarded
 class PythonVenvProvider(ResourceProvider):
     """The venv at props["path"] with the pinned packages.
 

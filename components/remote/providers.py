@@ -24,7 +24,7 @@ from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, 
 from .. import readiness as R
 from .. import switch
 from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show, split_sections
-from . import probe, reads, ssh
+from . import identity, probe, reads, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
 # How long a file write waits for the host lock when no readiness settings say otherwise.
@@ -137,14 +137,18 @@ def _secrets(props: dict) -> list[str]:
 
 
 def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    return [k for k in keys if olds.get(k) != news.get(k)]
+    # A connection by where and how it connects: a label added to it is no change of the host.
+    def value(props, k):
+        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
+    return [k for k in keys if value(olds, k) != value(news, k)]
 
 
-def _require_target(props: dict) -> ssh.Target:
+def _require_target(props: dict, stored: bool = False) -> ssh.Target:
+    """`stored`: the props are the state's (a delete), so messages say where its key comes from."""
     c = props.get("connection") or {}
     if c.get("unavailable"):
         raise ssh.RemoteError(c["unavailable"])
-    return ssh.Target.from_props(props)
+    return ssh.Target.from_props(props, stored=stored)
 
 
 def _warm_imports() -> None:
@@ -159,6 +163,7 @@ def _warm_imports() -> None:
 
 
 # ---------------------------------------------------------------------------------------
+@identity.guarded
 class HostFactsProvider(ResourceProvider):
     """Reads GPUs, driver, CUDA, interconnect and OS in one round trip, and refuses a host that
     cannot run the declared strategy (before any unit is written: units depend on this).
@@ -247,6 +252,7 @@ class HostFactsProvider(ResourceProvider):
 
 
 # ---------------------------------------------------------------------------------------
+@identity.guarded
 class RemoteFileProvider(ResourceProvider):
     """A file on the host: written atomically, read back on refresh.
 
@@ -341,13 +347,14 @@ class RemoteFileProvider(ResourceProvider):
     def delete(self, id, props):
         if props.get("retainOnDelete"):
             return
-        t = _require_target(props)
+        t = _require_target(props, stored=True)
         ssh.remove_file(t, props["path"])
         if props.get("reloadSystemd"):
             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
 
 
 # ---------------------------------------------------------------------------------------
+@identity.guarded
 class ServiceProvider(ResourceProvider):
     """The strategy unit's state: enabled and active, started under a host-wide lock, checked
     by readiness, rolled back to the strategy that served before when it fails.
@@ -623,7 +630,7 @@ class ServiceProvider(ResourceProvider):
         return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
 
     def delete(self, id, props):
-        t = _require_target(props)
+        t = _require_target(props, stored=True)
         # Only this stack's own unit: siblings and shared files are never touched.
         ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180, check=False)
 
@@ -633,6 +640,7 @@ def props_unit(props: dict) -> str:
     return str(props.get("unit", "the unit"))
 
 
+@identity.guarded
 class ReadinessProvider(ResourceProvider):
     """The readiness report as a resource: created from the service's check, re-probed on
     refresh, so a server that died since the last `up` shows as drift. Every report, here and

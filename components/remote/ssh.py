@@ -21,6 +21,7 @@ the host, so nothing read before a change is served after it.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import io
@@ -73,6 +74,63 @@ class RemoteError(Exception):
 prefetched = readcache.ReadCache()
 
 
+# The rehearsal hosts' own record of how to reach them (`python -m rehearsal up` writes it).
+REHEARSAL_RUN = "/run/gpu-serving/rehearsal"
+# Parts of a connection that only name it in messages: never a reason to reconnect or update.
+CONNECTION_LABELS = ("entry", "keyFrom", "rehearsal")
+
+
+def rehearsal_info(name: str) -> Optional[dict]:
+    """The running rehearsal host `name` as its host.json says (address, keys), or None."""
+    import json
+    try:
+        with open(posixpath.join(REHEARSAL_RUN, name, "host.json")) as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) and info.get("state") == "running" and info.get("address") else None
+
+
+def _rehearsal_now(c: dict) -> dict:
+    """A rehearsal entry's connection as the host says now. Its host.json on this machine is the
+    declaration (the program builds the connection from it), so a rehearsal host rebuilt since the
+    last up, with a new host key, address or login key, is read as it is now rather than through
+    the state's stale copy."""
+    info = rehearsal_info(c["rehearsal"]) if isinstance(c.get("rehearsal"), str) else None
+    if info is None or not info.get("host_public_key") or not info.get("private_key"):
+        return c
+    try:
+        with open(info["private_key"]) as f:
+            key = f.read()
+    except OSError:
+        return c
+    return {**c, "host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
+            "privateKey": key, "hostKey": info["host_public_key"]}
+
+
+def reach(connection: Any) -> Any:
+    """What a connection is compared by in a diff: where and how it connects, not its labels."""
+    if not isinstance(connection, dict):
+        return connection
+    return {k: v for k, v in connection.items() if k not in CONNECTION_LABELS}
+
+
+def key_blob(line: str) -> str:
+    """"type base64" of a host key line (a comment dropped), to compare two keys."""
+    return " ".join(str(line or "").split()[:2])
+
+
+def key_fingerprint(line: str) -> str:
+    """The key's type and SHA256 fingerprint as `ssh-keygen -l` prints it."""
+    import base64
+    kind, _, rest = key_blob(line).partition(" ")
+    try:
+        blob = base64.b64decode(rest, validate=True)
+    except ValueError:
+        return f"{kind} (not a valid key)"
+    return f"{kind} SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
 @dataclass(frozen=True)
 class Target:
     """Where and how to reach a host. Built from a provider's props (a plain dict)."""
@@ -84,21 +142,44 @@ class Target:
     host_key: str
     connect_timeout: float = 15.0
     command_timeout: float = 600.0
+    # For messages only: the stack's name for the machine (`hosts[gpu2]`, `gpu-serving:host`)
+    # and where the pinned key comes from.
+    entry: str = ""
+    key_from: str = ""
 
     @classmethod
-    def from_props(cls, props: dict[str, Any]) -> "Target":
-        c = props["connection"]
+    def from_props(cls, props: dict[str, Any], stored: bool = False) -> "Target":
+        """`stored`: the props are the state's (a read or a delete), so the key was recorded at
+        the last up; messages say so."""
+        c = _rehearsal_now(props["connection"])
+        key_from = c.get("keyFrom") or "gpu-serving:host.hostKey"
+        if stored and not c.get("rehearsal"):
+            key_from = f"the stack's state (recorded from {key_from} at the last `pulumi up`)"
         return cls(host=c["host"], port=int(c["port"]), user=c["user"], private_key=c["privateKey"],
                    host_key=c["hostKey"], connect_timeout=float(c.get("connectTimeout", 15)),
-                   command_timeout=float(c.get("commandTimeout", 600)))
+                   command_timeout=float(c.get("commandTimeout", 600)), entry=c.get("entry") or "", key_from=key_from)
 
     @property
     def label(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
 
     @property
+    def named(self) -> str:
+        """The label with the stack's name for the machine: `hosts[gpu2] (root@10.0.0.12:22)`."""
+        return f"{self.entry} ({self.label})" if self.entry else self.label
+
+    @property
     def key(self) -> tuple:
         return (self.host, self.port, self.user, self.host_key, hashlib.sha256(self.private_key.encode()).hexdigest())
+
+
+class HostKeyChanged(RemoteError):
+    """The host presented another key than the pinned one; nothing was sent to it (the check
+    comes before authentication). `presented` is its public key line."""
+
+    def __init__(self, message: str, presented: str = "", pinned: str = ""):
+        super().__init__(message)
+        self.presented, self.pinned = presented, pinned
 
 
 def redact(text: str, secret_values: Iterable[str]) -> str:
@@ -125,7 +206,7 @@ def _fingerprint(key: paramiko.PKey) -> str:
 
 
 _clients: dict[tuple, paramiko.SSHClient] = {}
-_failures: dict[tuple, tuple[float, str]] = {}
+_failures: dict[tuple, tuple[float, RemoteError]] = {}
 _lock = threading.Lock()
 _local = threading.local()
 # Counts connections opened by this process (the benchmarks read sshd's logs for the truth).
@@ -159,10 +240,13 @@ def _connect(t: Target) -> paramiko.SSHClient:
             opened_connections += 1
             return client
         except paramiko.BadHostKeyException as exc:
-            raise RemoteError(
-                f"host identity check failed for {t.label}: it presented {exc.key.get_name()} {_fingerprint(exc.key)}, "
-                f"but gpu-serving:host.hostKey pins {pinned.get_name()} {_fingerprint(pinned)}. "
-                "Refusing to connect (a different machine, or a reinstalled one: verify it, then update hostKey).") from None
+            client.close()
+            raise HostKeyChanged(
+                f"host identity check failed for {t.named}: it presented {exc.key.get_name()} {_fingerprint(exc.key)}, "
+                f"but {t.key_from} pins {pinned.get_name()} {_fingerprint(pinned)}. Refusing to connect: nothing was "
+                "sent to it. Another machine answers there, or this one was reinstalled or got a new key: verify the "
+                "key on the machine itself, then set it as the entry's hostKey (README: \"A host reinstalled\").",
+                presented=f"{exc.key.get_name()} {exc.key.get_base64()}", pinned=t.host_key) from None
         except paramiko.AuthenticationException:
             raise RemoteError(f"SSH authentication as {t.user} failed on {t.label}: the key is not authorized there") from None
         except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
@@ -199,11 +283,11 @@ def client(t: Target) -> paramiko.SSHClient:
             c.close()
         failed = _failures.get(t.key)
         if failed and time.monotonic() - failed[0] < FAILURE_MEMORY:
-            raise RemoteError(failed[1])
+            raise copy.copy(failed[1])  # the same kind of error: a changed host key stays one
         try:
             c = _connect(t)
         except RemoteError as exc:
-            _failures[t.key] = (time.monotonic(), str(exc))
+            _failures[t.key] = (time.monotonic(), exc)
             raise
         _failures.pop(t.key, None)
         _clients[t.key] = c
