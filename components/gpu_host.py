@@ -21,6 +21,8 @@ class GpuHostArgs:
     private_key: Optional[pulumi.Output[str]] = None
     # The reads the later resources make on refresh (components/prefetch.py), started ahead.
     prefetch: Optional[list] = None
+    # The fleet entry's name ("" for the one-host form): named in the host's messages.
+    entry: str = ""
 
 
 def rehearsal_info(name: str) -> Optional[dict]:
@@ -78,7 +80,9 @@ class GpuHost(pulumi.ComponentResource):
             "cudaHome": s.cuda.home,
             "expect": {"gpuCount": s.host.gpu_count, "gpuMemoryGb": s.host.gpu_memory_gb,
                        "interconnect": s.host.interconnect, "neededGpus": needed_gpus},
-            "prefetch": args.prefetch,
+            # Plumbing (which reads to start ahead), shown as one opaque value, not six blocks.
+            "prefetch": pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
+            **({"hostEntry": args.entry} if args.entry else {}),
         }, pulumi.ResourceOptions(parent=self))
         self.facts = self.facts_resource.facts
         self.register_outputs({"facts": self.facts})

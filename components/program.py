@@ -26,7 +26,8 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
     fleet entry's name, which prefixes every resource of that host."""
     settings: StackSettings = plan.settings
     prefix = f"{name}-" if name else ""
-    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(plan)),
+    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(plan),
+                                                entry=name),
                    needed_gpus=plan.world_size)
     after_host = pulumi.ResourceOptions(depends_on=[host])
     # Shared by every strategy stack of the host; a stack's destroy leaves them in place.
