@@ -2,6 +2,7 @@
 service's state, each a resource with a real read so hand edits show up as drift."""
 from __future__ import annotations
 
+import shlex
 from typing import Optional
 
 import pulumi
@@ -64,8 +65,9 @@ class ServingUnit(pulumi.ComponentResource):
             "connection": host.connection,
             "unit": plan.unit.name,
             "configHash": secret_hash.apply(lambda sh: R.running_config_hash(plan.unit.exec_start, plan.environment, sh)),
-            # What the main process must run, compared with /proc/<MainPID> on refresh.
-            "execStart": plan.unit.exec_start,
+            # What the main process must run, compared with /proc/<MainPID> on refresh: one
+            # shell-quoted line (a preview shows it as one line, not one per argument).
+            "execStart": shlex.join(str(a) for a in plan.unit.exec_start),
             "environment": plan.environment,
             "bind": s.serving.host,
             "port": s.serving.port,

@@ -255,7 +255,7 @@ def switch_block(*, label: str, target_unit: str, target_stack: str, declared_ar
                 flag_lines.append(f"(new) {f} {after[f]}".rstrip())
             elif before[f] != after[f]:
                 flag_lines.append(f"{f} {before[f]} -> {after[f]}")
-        lines.append(f"  flags ({u.stack or u.name} -> {target_stack}): " + ("identical" if not flag_lines else ""))
+        lines.append(f"  flags ({u.stack or u.name} -> {target_stack}):" + (" identical" if not flag_lines else ""))
         lines += [f"    {x}" for x in flag_lines]
     if u.environ:
         hidden = set(secret_keys) | set(ignore_variables)
@@ -266,7 +266,7 @@ def switch_block(*, label: str, target_unit: str, target_stack: str, declared_ar
         shown = {k: v for k, v in running.items() if k in declared_environment}
         env_lines = _value_diff(shown, declared_environment, before_name=u.stack, hidden=hidden)
         env_lines += [f"{k}: set now -> (not set)" for k in sorted(set(running) - set(declared_environment) - hidden)]
-        lines.append("  environment: " + ("identical" if not env_lines else ""))
+        lines.append("  environment:" + (" identical" if not env_lines else ""))
         lines += [f"    {x}" for x in env_lines]
     if len(lines) > max_lines:
         lines = lines[: max_lines - 1] + [f"  ... {len(lines) - max_lines + 1} more lines: "

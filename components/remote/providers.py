@@ -146,6 +146,13 @@ def _named(props: dict, exc: Exception) -> Exception:
     return type(exc)(who + str(exc))
 
 
+def _argv(exec_start: Any) -> Any:
+    """The service's `execStart` as an argv: one shell-quoted line in the props (one line in a
+    preview, not one per argument), a list in states written before."""
+    import shlex
+    return shlex.split(exec_start) if isinstance(exec_start, str) else exec_start
+
+
 def _secrets(props: dict) -> list[str]:
     values = [props.get("connection", {}).get("privateKey", "")]
     values += list((props.get("secretEnvironment") or {}).values())
@@ -561,7 +568,7 @@ class ServiceProvider(ResourceProvider):
         the update; a serving unit's no-op check reads nothing (olds say it serves as declared)."""
         label = f"hosts[{news['hostEntry']}] switch" if news.get("hostEntry") else "switch"
         try:
-            if not news.get("active", True) or not isinstance(news.get("execStart"), list):
+            if not news.get("active", True) or not isinstance(news.get("execStart"), (list, str)):
                 return
             if olds and olds.get("active", True) and olds.get("runningServer", R.AS_DECLARED) == R.AS_DECLARED:
                 return
@@ -571,7 +578,7 @@ class ServiceProvider(ResourceProvider):
             t = ssh.Target.from_props(news)
             host = S.parse_serving(ssh.fetch(t, reads.serving(with_environ=True)).stdout)
             lines = S.switch_block(label=label, target_unit=news["unit"], target_stack=str(news.get("stack") or news["unit"]),
-                                   declared_argv=news["execStart"], declared_environment=news.get("environment") or {},
+                                   declared_argv=_argv(news["execStart"]), declared_environment=news.get("environment") or {},
                                    secret_keys=list(news.get("secretEnvironment") or {}), host=host,
                                    ignore_variables=R.SYSTEMD_VARIABLES)
             if lines:
@@ -644,7 +651,7 @@ class ServiceProvider(ResourceProvider):
         manager = dict(line.partition("=")[::2] for line in sections.get("manager", "").splitlines() if "=" in line)
         secrets = props.get("secretEnvironment") or {}
         same = {key: running_env.get(key) == value for key, value in secrets.items()}
-        differences = R.compare_running(props["execStart"], props["environment"] or {}, same, argv, running_env, manager)
+        differences = R.compare_running(_argv(props["execStart"]), props["environment"] or {}, same, argv, running_env, manager)
         return R.running_reason(differences) if differences else R.AS_DECLARED
 
     def _read_live(self, t: ssh.Target, props: dict) -> Optional[dict]:
@@ -688,6 +695,8 @@ class ServiceProvider(ResourceProvider):
         olds = {**olds, "runningServer": olds.get("runningServer", R.AS_DECLARED)}
         news = {**news, "active": active, "enabled": news.get("enabled", True),
                 "runningServer": news.get("runningServer", R.AS_DECLARED) if active else olds["runningServer"]}
+        # execStart as an argv: a state written before it was one line holds the same list.
+        olds, news = {**olds, "execStart": _argv(olds.get("execStart"))}, {**news, "execStart": _argv(news.get("execStart"))}
         changed = _changed(olds, news, ["unit", "configHash", "declared", "port", "bind", "active", "enabled",
                                         "connection", "runningServer", "execStart", "environment"])
         if olds.get("readinessReport") is None:
