@@ -325,8 +325,9 @@ def render_status(doc: dict[str, Any]) -> str:
             mark = "*" if serving and s["unit"] == serving["unit"] else " "
             state = s.get("state", "not on this host")
             drift = s.get("drift") or []
-            out.append(f"  {mark} {s['stack']:<10} {s['unit']}  {state}; "
-                       + ("files as declared" if not drift else "DRIFT: " + " | ".join(drift)))
+            files = "" if s.get("state") == "not on this host" else (
+                "; files as declared" if not drift else "; DRIFT: " + " | ".join(drift))
+            out.append(f"  {mark} {s['stack']:<10} {s['unit']}  {state}{files}")
     summary = doc.get("summary")
     if summary:
         out.append(summary)

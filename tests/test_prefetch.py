@@ -370,3 +370,14 @@ def test_every_read_request_is_an_argv_list_or_a_fixed_script_and_has_a_timeout(
             if not any(k.arg == "timeout" for k in node.keywords):
                 problems.append(f"reads.py:{node.lineno}: no timeout=")
     assert seen >= 5 and not problems, problems
+
+
+def test_plumbing_is_one_opaque_value_in_a_preview(monkeypatch):
+    """Issue 12.9: the prefetch list and the readiness hand-over are secret inputs, shown by a
+    preview as `[secret]` instead of a block of specs and a copy of the last report."""
+    monkeypatch.chdir(ROOT)
+    rec = run_program("tp8", stack_config("tp8"))
+    raw = {name: inputs for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
+    assert raw["host-facts"]["prefetch"].get(SECRET_SIG[0]) == SECRET_SIG[1]
+    assert raw["readiness"]["report"].get(SECRET_SIG[0]) == SECRET_SIG[1]
+    assert isinstance(raw["service"]["execStart"], str) and "--tp-size 8" in raw["service"]["execStart"]
