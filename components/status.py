@@ -214,7 +214,7 @@ def is_superseded(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(SUPERSEDED)
 
 
-def _value_diff(before: dict[str, str], after: dict[str, str], *, before_name: str, hidden: set[str]) -> list[str]:
+def _value_diff(before: dict[str, str], after: dict[str, str], *, hidden: set[str]) -> list[str]:
     out = []
     for key in sorted(set(before) | set(after)):
         if key in hidden:
@@ -264,7 +264,7 @@ def switch_block(*, label: str, target_unit: str, target_stack: str, declared_ar
         # A variable the running server has and the new declaration lacks may be a secret of the
         # old one: named, never shown.
         shown = {k: v for k, v in running.items() if k in declared_environment}
-        env_lines = _value_diff(shown, declared_environment, before_name=u.stack, hidden=hidden)
+        env_lines = _value_diff(shown, declared_environment, hidden=hidden)
         env_lines += [f"{k}: set now -> (not set)" for k in sorted(set(running) - set(declared_environment) - hidden)]
         lines.append("  environment:" + (" identical" if not env_lines else ""))
         lines += [f"    {x}" for x in env_lines]

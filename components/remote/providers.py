@@ -243,7 +243,7 @@ class HostFactsProvider(ResourceProvider):
         facts = self._read(props, props.get("prefetch"))
         problems = self._check(props, facts)
         if problems:
-            where = f"its entry hosts[{props['hostEntry']}]" if props.get("hostEntry") else "gpu-serving:host"
+            where = f"its gpu-serving:hosts entry {props['hostEntry']!r}" if props.get("hostEntry") else "gpu-serving:host"
             raise DeployError(f"{_who(props)}the host does not match {where}, nothing was changed:\n  - "
                               + "\n  - ".join(problems))
         return {**props, "facts": facts}
@@ -705,7 +705,10 @@ class ServiceProvider(ResourceProvider):
 
     def delete(self, id, props):
         t = _require_target(props)
-        serving = self._show(t, [props["unit"]])[props["unit"]].get("ActiveState") in S.SERVING_STATES
+        try:
+            serving = self._show(t, [props["unit"]])[props["unit"]].get("ActiveState") in S.SERVING_STATES
+        except ssh.RemoteError:
+            serving = False  # the stop below still runs; only the warning is lost
         # Only this stack's own unit: siblings and shared files are never touched.
         ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180, check=False)
         if serving:
