@@ -132,7 +132,7 @@ def test_a_refresh_says_what_checked_the_readiness(deployment):
 
 def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
     """Issue 12.9: the same steps on main (8b1d6ee) gave 169 lines and 43 of diagnostics (argv
-    one argument a line, every field of the last readiness report as removed, the unfinished unit
+    one argument a line, every field of the last readiness report as removed, the unchanged unit
     text); now 100: the unit text only for a new unit, execStart on one line, the readiness
     hand-over one opaque value."""
     d = deployment
