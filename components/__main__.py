@@ -1,5 +1,6 @@
 """``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH.
-``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to."""
+``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to.
+``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH."""
 from __future__ import annotations
 
 import argparse
@@ -87,6 +88,26 @@ def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
         print("\n".join(diff) if diff else f"  {name}: identical")
 
 
+def _status(args) -> int:
+    """Exit 0: the serving stack's files (and its process's command line) are as declared, or
+    nothing serves; 1: they drifted; 2: bad settings, or a host that could not be read."""
+    from .remote.status import project_status
+    from .status import render_status
+    try:
+        doc = project_status(args.project_dir, args.stack)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(doc, sys.stdout, indent=2)
+        print()
+    else:
+        print(render_status(doc))
+    if doc["drift"]:
+        return 1
+    return 2 if doc["unreachable"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -99,8 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("rehearsal-hosts", help="the rehearsal hosts a stack deploys to, one per line")
     r.add_argument("--stack", required=True)
     r.add_argument("--project-dir", default=".", type=Path)
+    st = sub.add_parser("status", help="what serves on the hosts now, read over SSH: unit, stack, layout, uptime, "
+                                       "readiness, and whether each stack's files drifted (exit 1: the serving stack drifted)")
+    st.add_argument("--stack", help="only this stack's hosts and files (default: every stack of the project)")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--project-dir", default=".", type=Path)
     args = parser.parse_args(argv)
 
+    if args.command == "status":
+        return _status(args)
     if args.command == "rehearsal-hosts":
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))

@@ -87,7 +87,9 @@ class GpuHost(pulumi.ComponentResource):
             "cudaHome": s.cuda.home,
             "expect": {"gpuCount": s.host.gpu_count, "gpuMemoryGb": s.host.gpu_memory_gb,
                        "interconnect": s.host.interconnect, "neededGpus": needed_gpus},
-            "prefetch": args.prefetch,
+            # Plumbing (which reads to start ahead), shown as one opaque value, not six blocks.
+            "prefetch": pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
+            **({"hostEntry": args.entry} if args.entry else {}),
         }, pulumi.ResourceOptions(parent=self))
         self.facts = self.facts_resource.facts
         self.register_outputs({"facts": self.facts})

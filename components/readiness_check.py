@@ -28,12 +28,14 @@ class ReadinessCheck(pulumi.ComponentResource):
             # The deadlines, for an `up` that finds the server loading (restarted by systemd or
             # an interrupted run) and waits for it.
             "readiness": s.readiness.model_dump(by_alias=True),
-            # The service's own wait-for-ready result; re-probed on refresh.
-            "report": unit.readiness_report,
+            # The service's own wait-for-ready result; re-probed on refresh. Plumbing between two
+            # resources, shown as one opaque value (its fields are this resource's outputs).
+            "report": pulumi.Output.secret(unit.readiness_report),
+            **({"hostEntry": prefix[:-1]} if prefix else {}),
         }, pulumi.ResourceOptions(parent=self, depends_on=[unit]))
         r = self.resource
         self.report = pulumi.Output.all(
             status=r.status, unit=plan.unit.name, url=r.url, probe=r.probe, seconds_to_ready=r.seconds_to_ready,
-            checked_at=r.checked_at, layout=r.layout, model=r.model, served_model_name=r.served_model_name,
+            checked_at=r.checked_at, checked_by=r.checked_by, layout=r.layout, model=r.model, served_model_name=r.served_model_name,
             version=r.version, mismatches=r.mismatches, reason=r.reason)
         self.register_outputs({"report": self.report})

@@ -51,6 +51,6 @@ class Readiness(Resource):
     status: pulumi.Output[str]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
-        outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "layout", "model",
-                                  "served_model_name", "version", "mismatches", "reason")}
+        outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "checked_by", "layout",
+                                  "model", "served_model_name", "version", "mismatches", "reason")}
         super().__init__(providers.ReadinessProvider(), name, {**props, **outs}, _opts(opts, ["connection"]))

@@ -2,6 +2,7 @@
 service's state, each a resource with a real read so hand edits show up as drift."""
 from __future__ import annotations
 
+import shlex
 from typing import Optional
 
 import pulumi
@@ -33,6 +34,8 @@ class ServingUnit(pulumi.ComponentResource):
         # parent's type, not its name.
         super().__init__("gpu-serving:index:ServingUnit", name, {}, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # A fleet's resources name their entry, so the providers' lines and errors say `hosts[gpu2]`.
+        entry = {"hostEntry": prefix[:-1]} if prefix else {}
         s = plan.settings
         self.unit_name = plan.unit.name
         # The environment file is shared by every strategy stack of this model (the same bytes
@@ -45,6 +48,7 @@ class ServingUnit(pulumi.ComponentResource):
             "mode": "0600",
             "secretEnvironment": secret_environment if secret_environment is not None else {},
             "retainOnDelete": True,
+            **entry,
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
         self.unit_file = RemoteFile(f"{prefix}unit-file", {
             "connection": host.connection,
@@ -52,26 +56,27 @@ class ServingUnit(pulumi.ComponentResource):
             "content": plan.unit.text,
             "mode": "0644",
             "reloadSystemd": True,
+            # Printed whole by the provider's check when the file is new (see RemoteFileProvider.check).
+            "showWhenNew": True,
+            **entry,
         }, child)
         secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(R.secret_hash)
         self.service = Service(f"{prefix}service", {
             "connection": host.connection,
             "unit": plan.unit.name,
             "configHash": secret_hash.apply(lambda sh: R.running_config_hash(plan.unit.exec_start, plan.environment, sh)),
-            # What the main process must run, compared with /proc/<MainPID> on refresh.
-            "execStart": plan.unit.exec_start,
+            # What the main process must run, compared with /proc/<MainPID> on refresh: one
+            # shell-quoted line (a preview shows it as one line, not one per argument).
+            "execStart": shlex.join(str(a) for a in plan.unit.exec_start),
             "environment": plan.environment,
             "bind": s.serving.host,
             "port": s.serving.port,
             "declared": declared_layout(plan),
             "readiness": s.readiness.model_dump(by_alias=True),
             "secretEnvironment": secret_environment if secret_environment is not None else {},
+            "stack": s.stack,
+            **entry,
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.environment_file, self.unit_file])))
-        if pulumi.runtime.is_dry_run():
-            # The engine's display shortens a new multi-line value to its first lines; a preview
-            # must show the whole unit that would be written (changes to an existing one show
-            # as a line diff of `content`).
-            pulumi.log.info(f"{plan.unit.name} as it will be written:\n{plan.unit.text}", resource=self.unit_file)
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport
         self.register_outputs({"unit": self.unit_name, "active": self.active})

@@ -292,10 +292,23 @@ REFRESH_ORDER = [("cuda-toolkit", installers.CudaToolkitProvider), ("venv-packag
                  ("service", providers.ServiceProvider), ("readiness", providers.ReadinessProvider)]
 
 
+SECRET_SIG = ("4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270")
+
+
+def _unwrapped(value):
+    """A secret input as the provider gets it (dynamic providers do not accept secrets: the
+    engine hands them the plain value); the program marks `prefetch` secret to keep it out of
+    the preview's display (issue 12.9)."""
+    if isinstance(value, dict) and value.get(SECRET_SIG[0]) == SECRET_SIG[1]:
+        return value.get("value")
+    return value
+
+
 def _registered(stack: str, config: dict, monkeypatch) -> dict:
     monkeypatch.chdir(ROOT)
     rec = run_program(stack, config)
-    return {name: inputs for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
+    return {name: {k: _unwrapped(v) for k, v in inputs.items()}
+            for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
 
 
 def _builders_for(registered: dict, prefix: str) -> list[dict]:
@@ -357,3 +370,14 @@ def test_every_read_request_is_an_argv_list_or_a_fixed_script_and_has_a_timeout(
             if not any(k.arg == "timeout" for k in node.keywords):
                 problems.append(f"reads.py:{node.lineno}: no timeout=")
     assert seen >= 5 and not problems, problems
+
+
+def test_plumbing_is_one_opaque_value_in_a_preview(monkeypatch):
+    """Issue 12.9: the prefetch list and the readiness hand-over are secret inputs, shown by a
+    preview as `[secret]` instead of a block of specs and a copy of the last report."""
+    monkeypatch.chdir(ROOT)
+    rec = run_program("tp8", stack_config("tp8"))
+    raw = {name: inputs for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
+    assert raw["host-facts"]["prefetch"].get(SECRET_SIG[0]) == SECRET_SIG[1]
+    assert raw["readiness"]["report"].get(SECRET_SIG[0]) == SECRET_SIG[1]
+    assert isinstance(raw["service"]["execStart"], str) and "--tp-size 8" in raw["service"]["execStart"]

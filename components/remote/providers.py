@@ -22,6 +22,7 @@ from typing import Any, Optional
 from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from .. import readiness as R
+from .. import status as S
 from .. import switch
 from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show, split_sections
 from . import identity, probe, reads, ssh
@@ -130,6 +131,28 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _who(props: dict) -> str:
+    """The fleet entry a message is about (`hosts[gpu2]: `), so a fleet's lines and errors name their
+    host; empty for the one-host form."""
+    entry = props.get("hostEntry")
+    return f"hosts[{entry}]: " if entry else ""
+
+
+def _named(props: dict, exc: Exception) -> Exception:
+    """`exc` with its message prefixed by the host entry (a fleet), same type."""
+    who = _who(props)
+    if not who or str(exc).startswith(who):
+        return exc
+    return type(exc)(who + str(exc))
+
+
+def _argv(exec_start: Any) -> Any:
+    """The service's `execStart` as an argv: one shell-quoted line in the props (one line in a
+    preview, not one per argument), a list in states written before."""
+    import shlex
+    return shlex.split(exec_start) if isinstance(exec_start, str) else exec_start
+
+
 def _secrets(props: dict) -> list[str]:
     values = [props.get("connection", {}).get("privateKey", "")]
     values += list((props.get("secretEnvironment") or {}).values())
@@ -225,7 +248,9 @@ class HostFactsProvider(ResourceProvider):
         facts = self._read(props, props.get("prefetch"))
         problems = self._check(props, facts)
         if problems:
-            raise DeployError("the host does not match gpu-serving:host, nothing was changed:\n  - " + "\n  - ".join(problems))
+            where = f"its gpu-serving:hosts entry {props['hostEntry']!r}" if props.get("hostEntry") else "gpu-serving:host"
+            raise DeployError(f"{_who(props)}the host does not match {where}, nothing was changed:\n  - "
+                              + "\n  - ".join(problems))
         return {**props, "facts": facts}
 
     def create(self, props):
@@ -271,7 +296,11 @@ class RemoteFileProvider(ResourceProvider):
                 if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
                                                or any(c.isspace() for c in value))]
 
-    def check(self, _olds, news):
+    def check(self, olds, news):
+        if not olds and news.get("showWhenNew") and isinstance(news.get("content"), str):
+            # A new file's text, whole (the engine's display shortens a new multi-line value); a
+            # changed one shows as the engine's line diff of `content`, an unchanged one not at all.
+            _progress(f"{_who(news)}{news.get('path')} as it will be written:\n{news['content']}".rstrip("\n"))
         return CheckResult(news, [CheckFailure("secretEnvironment", f"the secret for {key} (gpu-serving:hfToken) is empty or "
                                                "contains whitespace, a quote, a backslash, $ or a backtick; a token never does")
                                   for key in self._bad_secrets(news)])
@@ -295,7 +324,7 @@ class RemoteFileProvider(ResourceProvider):
             # Under the host lock, like the switch it belongs to: never between another switch's
             # stop and start, nor under its rollback. What it replaces is kept for this run's
             # switch to put back if that fails (_REPLACED).
-            with ssh.one_connection(t, f"writing {path}"):
+            with ssh.one_connection(t, f"{_who(props)}writing {path}"):
                 lock = host_lock(t, LOCK_WAIT_SECONDS)
                 try:
                     current, current_mode = ssh.read_file(t, path), ssh.stat_mode(t, path)
@@ -433,12 +462,12 @@ class ServiceProvider(ResourceProvider):
             _take_replaced(t)
             return self._outs(t, props, None, None)
         if steps.stop:
-            _progress(f"{unit}: " + ("starting" if steps.start else "serving") + f" (stops {', '.join(steps.stop)})")
+            _progress(f"{_who(props)}{unit}: " + ("starting" if steps.start else "serving") + f" (stops {', '.join(steps.stop)})")
             # Stopped first, and waited for (systemctl stop returns when the unit is down): the
             # new strategy must not find the GPUs or the port still held by the old one.
             ssh.run(t, ["systemctl", "stop", *steps.stop], purpose=f"stopping {', '.join(steps.stop)}", timeout=240)
         elif steps.start:
-            _progress(f"{unit}: starting")
+            _progress(f"{_who(props)}{unit}: starting")
         if steps.start is None:
             self._enable_only(t, unit, steps)
             _take_replaced(t)
@@ -446,7 +475,8 @@ class ServiceProvider(ResourceProvider):
         # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
         since, baseline = probe.start(t, unit, steps.start)
         report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
-                                  settings=props.get("readiness") or {}, since=since, baseline=baseline, progress=_progress)
+                                  settings=props.get("readiness") or {}, since=since, baseline=baseline,
+                                  progress=lambda m: _progress(_who(props) + m))
         if report.status != R.READY:
             self._fail(t, props, report, steps.rollback_to, since)
         self._enable_only(t, unit, steps)
@@ -502,7 +532,7 @@ class ServiceProvider(ResourceProvider):
             since, baseline = probe.start(t, previous, "start")
             report = probe.wait_ready(t, previous, bind=bind, port=port, declared={},
                                       settings=props.get("readiness") or {}, since=since, baseline=baseline,
-                                      progress=_progress)
+                                      progress=lambda m: _progress(_who(props) + m))
         except ssh.RemoteError as exc:
             return f"rollback failed: nothing serves on {t.label}: {previous} could not be started again ({exc})."
         if report.status == R.READY:
@@ -534,8 +564,41 @@ class ServiceProvider(ResourceProvider):
                 "active": state.get("ActiveState") == "active" if props.get("active", True) else False,
                 "enabled": state.get("UnitFileState") == "enabled"}
 
+    def check(self, olds, news):
+        self._preview_switch(olds, news)
+        return CheckResult(news, [])
+
+    def _preview_switch(self, olds: dict, news: dict) -> None:
+        """Before a switch (this unit does not serve as declared, or is new), print what serves on
+        the host now, that it will stop, and how its flags and environment differ from this
+        declaration (status.switch_block). The engine calls `check` in the preview and again in
+        the update; a serving unit's no-op check reads nothing (olds say it serves as declared)."""
+        label = f"hosts[{news['hostEntry']}] switch" if news.get("hostEntry") else "switch"
+        try:
+            if not news.get("active", True) or not isinstance(news.get("execStart"), (list, str)):
+                return
+            if olds and olds.get("active", True) and olds.get("runningServer", R.AS_DECLARED) == R.AS_DECLARED:
+                return
+            connection = news.get("connection")
+            if not isinstance(connection, dict) or connection.get("unavailable"):
+                return
+            t = ssh.Target.from_props(news)
+            host = S.parse_serving(ssh.fetch(t, reads.serving(with_environ=True)).stdout)
+            lines = S.switch_block(label=label, target_unit=news["unit"], target_stack=str(news.get("stack") or news["unit"]),
+                                   declared_argv=_argv(news["execStart"]), declared_environment=news.get("environment") or {},
+                                   secret_keys=list(news.get("secretEnvironment") or {}), host=host,
+                                   ignore_variables=R.SYSTEMD_VARIABLES)
+            if lines:
+                _progress("\n".join(lines))
+        except Exception as exc:  # noqa: BLE001 - the preview goes on; the switch reads the host itself
+            _progress(f"{label}: could not read what serves now on the host ({type(exc).__name__}: "
+                      f"{ssh.redact(str(exc), _secrets(news))[:200]})")
+
     def create(self, props):
-        outs = self._start(props, restart=True)
+        try:
+            outs = self._start(props, restart=True)
+        except (DeployError, ssh.RemoteError) as exc:
+            raise _named(props, exc) from None
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
                             outs={**outs, "runningServer": self._running_now(props), "readinessReport": self._last_check(outs)})
 
@@ -549,11 +612,16 @@ class ServiceProvider(ResourceProvider):
             # differs. The process itself says whether it already runs what is declared, so an
             # upgrade of gpu-serving never restarts a model that serves as declared.
             changed = self._running_now(news) != R.AS_DECLARED
-        restart = (changed or olds.get("declared") != news.get("declared")
-                   or olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING))
-        if restart and olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING):
-            _progress(f"{news['unit']}: restarting: {olds['runningServer']}")
-        outs = self._start(news, restart=restart)
+        # Another strategy serving in its place is a switch to make, not a process to restart.
+        edited = olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING) \
+            and not S.is_superseded(olds.get("runningServer"))
+        restart = changed or olds.get("declared") != news.get("declared") or edited
+        if edited:
+            _progress(f"{_who(news)}{news['unit']}: restarting: {olds['runningServer']}")
+        try:
+            outs = self._start(news, restart=restart)
+        except (DeployError, ssh.RemoteError) as exc:
+            raise _named(news, exc) from None
         return UpdateResult(outs={**outs, "runningServer": self._running_now(news),
                                   "readinessReport": self._last_check(outs, olds)})
 
@@ -590,7 +658,7 @@ class ServiceProvider(ResourceProvider):
         manager = dict(line.partition("=")[::2] for line in sections.get("manager", "").splitlines() if "=" in line)
         secrets = props.get("secretEnvironment") or {}
         same = {key: running_env.get(key) == value for key, value in secrets.items()}
-        differences = R.compare_running(props["execStart"], props["environment"] or {}, same, argv, running_env, manager)
+        differences = R.compare_running(_argv(props["execStart"]), props["environment"] or {}, same, argv, running_env, manager)
         return R.running_reason(differences) if differences else R.AS_DECLARED
 
     def _read_live(self, t: ssh.Target, props: dict) -> Optional[dict]:
@@ -609,11 +677,22 @@ class ServiceProvider(ResourceProvider):
         live = self._read_live(_require_target(props), props)
         return live["runningServer"] if live else R.NOT_RUNNING
 
+    @staticmethod
+    def _superseded(t: ssh.Target, unit: str) -> Optional[str]:
+        """`superseded: <unit> (stack <name>) serves since <time>` when another gpu-serving unit
+        serves in this one's place: a switch by another stack, not an edit of this one."""
+        try:
+            return S.superseded_by(unit, S.parse_serving(ssh.fetch(t, reads.serving()).stdout))
+        except ssh.RemoteError:
+            return None  # "not running" stays true; the drift shows either way
+
     def read(self, id, props):
         t = _require_target(props)
         live = self._read_live(t, props)
         if live is None:
             return ReadResult(id_=None, outs={})
+        if live["runningServer"] == R.NOT_RUNNING:
+            live["runningServer"] = self._superseded(t, props["unit"]) or R.NOT_RUNNING
         outs = {**props, **live}
         return ReadResult(id_=id, outs=outs, inputs={**{k: props[k] for k in props if k not in ("previous", "readinessReport")}, **live})
 
@@ -623,6 +702,8 @@ class ServiceProvider(ResourceProvider):
         olds = {**olds, "runningServer": olds.get("runningServer", R.AS_DECLARED)}
         news = {**news, "active": active, "enabled": news.get("enabled", True),
                 "runningServer": news.get("runningServer", R.AS_DECLARED) if active else olds["runningServer"]}
+        # execStart as an argv: a state written before it was one line holds the same list.
+        olds, news = {**olds, "execStart": _argv(olds.get("execStart"))}, {**news, "execStart": _argv(news.get("execStart"))}
         changed = _changed(olds, news, ["unit", "configHash", "declared", "port", "bind", "active", "enabled",
                                         "connection", "runningServer", "execStart", "environment"])
         if olds.get("readinessReport") is None:
@@ -631,11 +712,27 @@ class ServiceProvider(ResourceProvider):
 
     def delete(self, id, props):
         t = _require_target(props, stored=True)
+        try:
+            serving = self._show(t, [props["unit"]])[props["unit"]].get("ActiveState") in S.SERVING_STATES
+        except ssh.RemoteError:
+            serving = False  # the stop below still runs; only the warning is lost
         # Only this stack's own unit: siblings and shared files are never touched.
         ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180, check=False)
+        if serving:
+            # Pulumi calls no provider code in a destroy's preview: the warning comes when it happens.
+            _progress(f"{_who(props)}warning: {props['unit']} served and is stopped: nothing serves on {t.label} now "
+                      "(deploy a strategy stack to serve again)")
 
 
 # ---------------------------------------------------------------------------------------
+# What a readiness report says it is (its `checked_by`): every report is "as of" its checked_at.
+CHECKED_BY_START = "up: the switch started the unit and waited for a generation"
+CHECKED_BY_UP = "up: looked at the unit it did not restart (waited while it loaded)"
+CHECKED_BY_REFRESH = "refresh: one look, nothing started"
+# The Readiness resource's inputs, as the program gives them (components/readiness_check.py).
+READINESS_INPUTS = ("connection", "unit", "bind", "port", "declared", "readiness", "report", "hostEntry")
+
+
 def props_unit(props: dict) -> str:
     return str(props.get("unit", "the unit"))
 
@@ -677,23 +774,23 @@ class ReadinessProvider(ResourceProvider):
             # Between a crash and systemd's restart (RestartSec): the restart is coming, wait for it.
             state = probe.unit_state(t, props["unit"])
             if state.sub_state == "auto-restart":
-                _progress(f"{props['unit']}: systemd restarts it (it was killed or crashed); waiting")
+                _progress(f"{_who(props)}{props['unit']}: systemd restarts it (it was killed or crashed); waiting")
             while state.sub_state == "auto-restart" and time.monotonic() < deadline:
                 time.sleep(1)
                 state = probe.unit_state(t, props["unit"])
             report = self._probe(props)
         if report.status == R.LOADING:
-            _progress(f"{props['unit']}: {report.reason}; waiting for it to be ready")
+            _progress(f"{_who(props)}{props['unit']}: {report.reason}; waiting for it to be ready")
             baseline = probe.unit_state(t, props["unit"])
             report = probe.wait_ready(t, props["unit"], bind=props["bind"], port=int(props["port"]),
                                       declared=props["declared"], settings=props.get("readiness") or {}, since=None,
-                                      baseline=baseline, progress=_progress)
+                                      baseline=baseline, progress=lambda m: _progress(_who(props) + m))
         if report.status != R.READY:
             # Nothing here restarts a server (the service does, when its settings or its process
             # differ): say what is wrong rather than record a broken server as deployed.
-            raise DeployError(f"readiness: {report.status}: {report.reason} ({props_unit(props)}); "
+            raise DeployError(f"{_who(props)}readiness: {report.status}: {report.reason} ({props_unit(props)}); "
                               f"check `journalctl -u {props_unit(props)}` on the host")
-        return report.as_dict()
+        return {**report.as_dict(), "checked_by": CHECKED_BY_UP}
 
     @staticmethod
     def _fresh(olds: dict, news: dict) -> bool:
@@ -703,11 +800,11 @@ class ReadinessProvider(ResourceProvider):
                 and given.get("checked_at") != (olds.get("report") or {}).get("checked_at"))
 
     def create(self, props):
-        report = props["report"] if self._fresh({}, props) else self._converge(props)
+        report = {**props["report"], "checked_by": CHECKED_BY_START} if self._fresh({}, props) else self._converge(props)
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:readiness", outs={**props, **report})
 
     def update(self, id, olds, news):
-        report = news["report"] if self._fresh(olds, news) else self._converge(news)
+        report = {**news["report"], "checked_by": CHECKED_BY_START} if self._fresh(olds, news) else self._converge(news)
         return UpdateResult(outs={**news, **report})
 
     def read(self, id, props):
@@ -715,7 +812,16 @@ class ReadinessProvider(ResourceProvider):
         if report["status"] == R.READY:
             # seconds_to_ready belongs to the start that measured it; keep it.
             report["seconds_to_ready"] = props.get("seconds_to_ready")
-        return ReadResult(id_=id, outs={**props, **report}, inputs={k: v for k, v in props.items()})
+        elif report["status"] == R.STOPPED:
+            # Stopped because another strategy took the host: say which, so a switch never reads as a crash.
+            superseded = ServiceProvider._superseded(_require_target(props), props["unit"])
+            if superseded:
+                report["reason"] = f"{superseded}; {report['reason']}"
+        report["checked_by"] = CHECKED_BY_REFRESH
+        # The inputs are what the program gives (not the report's fields): a later update then
+        # shows what changes, not every field of the last report as removed.
+        inputs = {k: v for k, v in props.items() if k in READINESS_INPUTS}
+        return ReadResult(id_=id, outs={**props, **report}, inputs=inputs)
 
     def diff(self, id, olds, news):
         changed = _changed(olds, news, ["unit", "port", "declared", "connection"])

@@ -167,6 +167,14 @@ def readiness(props: dict) -> list[dict]:
     return [snapshot(props["unit"], probe_address(props["bind"]), int(props["port"]), REFRESH_GENERATION_TIMEOUT, None)]
 
 
+def serving(with_environ: bool = False) -> dict:
+    """What serves on the host (status.SERVING_SCRIPT): every gpu-serving unit, its stack, state and
+    main process; `with_environ`: the processes' environments too (compared, never shown)."""
+    from ..status import SERVING_SCRIPT
+    return command(["sh", "-c", SERVING_SCRIPT, "sh", "environ" if with_environ else "-"],
+                   purpose="reading what serves", timeout=60, check=True)
+
+
 BUILDERS: dict[str, Callable[[dict], list[dict]]] = {
     "host-facts": host_facts,
     "cuda-toolkit": cuda_toolkit,

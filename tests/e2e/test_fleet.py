@@ -50,7 +50,13 @@ def test_up_deploys_every_host_in_one_run_and_reports_each(fleet):
 
 
 def test_switch_moves_every_host(fleet):
-    result = fleet.stack("ep8").up(on_output=print)
+    lines: list[str] = []
+    result = fleet.stack("ep8").up(on_output=lines.append)
+    text = "\n".join(lines)
+    # Every progress line and switch block names its fleet entry (issue 12.9).
+    for name in fleet.hosts:
+        assert f"hosts[{name}] switch: {UNIT.format('tp8')} (stack tp8) serves now" in text, text[-4000:]
+        assert f"hosts[{name}]: {UNIT.format('ep8')}: starting (stops {UNIT.format('tp8')})" in text, text[-4000:]
     for name, host in fleet.hosts.items():
         assert result.outputs["readiness"].value[name]["layout"]["ep_size"] == 8
         assert active(host, "ep8") == "active" and active(host, "tp8") == "inactive"

@@ -1,0 +1,173 @@
+"""``python -m components status``: the hosts' truth, read over SSH the way the providers read it
+(no Pulumi engine, no state): what serves on each host of the project's stacks, its readiness
+now (a /health_generate and /server_info read from the host side), and whether each stack's
+unit and environment files are the ones `plan` renders. The words come from components/status.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Optional
+
+from .. import readiness as R
+from .. import status as S
+from ..errors import ConfigError
+from ..plan import CheckedStack, ServingPlan, check_stack
+from ..stack_config import from_files, stack_names
+from . import probe, reads, ssh
+
+
+class StatusError(Exception):
+    """What keeps `status` from reaching a host; the message says what to do."""
+
+
+# Secret settings that land in the environment file, by the variable they become.
+SECRET_VARIABLES = {"hfToken": "HF_TOKEN"}
+
+
+def _private_key(settings, stack: str, project_dir: Path, checked: CheckedStack) -> str:
+    h = settings.host
+    if h.private_key_path:
+        return Path(h.private_key_path).expanduser().read_text()
+    if "sshPrivateKey" not in checked.secrets:
+        raise StatusError("no SSH key: set gpu-serving:host.privateKeyPath, or the secret gpu-serving:sshPrivateKey")
+    # The key is a Pulumi secret: only the engine can decrypt it, with the stack's passphrase.
+    pulumi = shutil.which("pulumi")
+    if pulumi is None:
+        raise StatusError(f"the SSH key of stack {stack} is the Pulumi secret gpu-serving:sshPrivateKey and `pulumi` is "
+                          "not on PATH to decrypt it: `source scripts/env.sh` (and export PULUMI_CONFIG_PASSPHRASE), "
+                          "or set gpu-serving:host.privateKeyPath")
+    done = subprocess.run([pulumi, "config", "get", "gpu-serving:sshPrivateKey", "--stack", stack], cwd=project_dir,
+                          capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    if done.returncode != 0 or not done.stdout.strip():
+        # Never the output itself: it may hold part of the key.
+        raise StatusError(f"`pulumi config get gpu-serving:sshPrivateKey --stack {stack}` failed (exit {done.returncode}): "
+                          "select the stack's backend and export PULUMI_CONFIG_PASSPHRASE, or set "
+                          "gpu-serving:host.privateKeyPath")
+    return done.stdout if done.stdout.endswith("\n") else done.stdout + "\n"
+
+
+def connection(settings, stack: str, project_dir: Path, checked: CheckedStack) -> dict[str, Any]:
+    """The providers' connection object for one host of a stack (see gpu_host.connection_of)."""
+    from ..gpu_host import rehearsal_info
+    h = settings.host
+    timeouts = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
+    if h.is_rehearsal:
+        info = rehearsal_info(h.rehearsal)
+        if info is None:
+            raise StatusError(f"the rehearsal host {h.rehearsal!r} is not running: start it with "
+                              f"`python -m rehearsal up {h.rehearsal}`")
+        return {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
+                "privateKey": Path(info["private_key"]).read_text(), "hostKey": info["host_public_key"], **timeouts}
+    if not h.host_key:
+        raise StatusError(f"gpu-serving:host.hostKey is required for a real host ({h.address}): "
+                          f"pin it (ssh-keyscan -t ed25519 {h.address})")
+    return {"host": h.address, "port": h.port, "user": h.user, "privateKey": _private_key(settings, stack, project_dir, checked),
+            "hostKey": h.host_key, **timeouts}
+
+
+def _readiness(t: ssh.Target, unit: S.HostUnit, declared: dict) -> dict:
+    """One look at the serving unit, as a refresh takes it (the same read and report builder)."""
+    layout = unit.layout
+    bind = str(layout.get("host", "0.0.0.0"))
+    port = int(layout.get("port", 30000)) if str(layout.get("port", "")).isdigit() else 30000
+    request, = reads.readiness({"unit": unit.name, "bind": bind, "port": port})
+    obs, info_read = probe.read_snapshot(ssh.fetch(t, request).stdout, 0.0)
+    verdict = R.judge_now(obs)
+    if verdict.outcome == R.READY and info_read is None:
+        info_read = probe.server_info(t, reads.probe_address(bind), port)
+    report = R.build_report(verdict, unit=unit.name, declared=declared, checked_at=probe.now_iso(),
+                            url=f"http://{reads.probe_address(bind)}:{port}", info_read=info_read)
+    return report.as_dict()
+
+
+def _stack_files(t: ssh.Target, plan: ServingPlan, secrets: list[str]) -> list[str]:
+    """Each way the host's files of this stack differ from what `plan` renders (no secret value)."""
+    from ..serving_unit import UNIT_DIR
+    drift = []
+    unit_text = ssh.read_file(t, f"{UNIT_DIR}/{plan.unit.name}")
+    if unit_text is None:
+        return []  # never deployed here (or destroyed): nothing to drift
+    problem = S.file_drift(plan.unit.text, unit_text.decode(errors="replace"))
+    if problem:
+        drift.append(f"unit file {problem}")
+    env = ssh.read_file(t, plan.unit.environment_path)
+    secret_keys = [SECRET_VARIABLES[s] for s in secrets if s in SECRET_VARIABLES]
+    # Values never shown: a line added on the host may hold a token.
+    problem = S.file_drift(plan.environment_text, None if env is None else
+                           S.strip_secret_lines(env.decode(errors="replace"), secret_keys), hide_values=True)
+    if problem:
+        drift.append(f"environment file {plan.unit.environment_path} {problem}")
+    return drift
+
+
+def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, ServingPlan, list[str]]]) -> dict:
+    """One host: what serves, its readiness now, each stack's files. `stacks`: (stack, its plan for
+    this host, its secret settings)."""
+    t = ssh.Target.from_props({"connection": conn})
+    out = ssh.fetch(t, reads.serving())
+    host = S.parse_serving(out.stdout)
+    serving = host.serving
+    doc: dict[str, Any] = {"host": target, "entry": entry, "serving": None, "readiness": None, "also_running": [],
+                           "stacks": []}
+    plans = {plan.unit.name: (stack, plan) for stack, plan, _ in stacks}
+    if serving:
+        u = serving[0]
+        doc["serving"] = u.as_dict()
+        owner = plans.get(u.name)
+        from ..serving_unit import declared_layout
+        doc["readiness"] = _readiness(t, u, declared_layout(owner[1]) if owner else {})
+        doc["also_running"] = [o.as_dict() for o in serving[1:]]
+    for stack, plan, secrets in stacks:
+        on_host = host.unit(plan.unit.name)
+        drift = _stack_files(t, plan, secrets)
+        if on_host is not None and on_host.serving and on_host.argv:
+            running = R.compare_running(plan.unit.exec_start, {}, {}, on_host.argv, {}, {})
+            if running:
+                drift.append("running server: " + "; ".join(running))
+        state = "not on this host" if on_host is None else (
+            f"{on_host.active_state}" + (", enabled" if on_host.enabled else ", disabled"))
+        doc["stacks"].append({"stack": stack, "unit": plan.unit.name, "state": state, "drift": drift,
+                              "serving": bool(serving) and serving[0].name == plan.unit.name})
+    return doc
+
+
+def project_status(project_dir: Path, only: Optional[str] = None) -> dict:
+    """Every host of the project's stacks (or of `only`): see `host_status`. Settings errors raise
+    ConfigError; a host that cannot be reached is reported in its entry."""
+    names = [only] if only else stack_names(project_dir)
+    hosts: dict[str, dict] = {}
+    for stack in names:
+        try:
+            checked = check_stack(stack, from_files(project_dir, stack), project_dir)
+        except ConfigError:
+            if only:
+                raise
+            continue  # another stack's own problem: `plan --stack` names it
+        for (entry, plan), (_, settings) in zip(checked.plans, checked.settings.per_host()):
+            key = settings.host.machine
+            slot = hosts.setdefault(key, {"entry": entry, "target": settings.host.target, "stacks": [], "conn": None,
+                                          "error": None})
+            slot["stacks"].append((stack, plan, checked.secrets))
+            if slot["conn"] is None and slot["error"] is None:
+                try:
+                    slot["conn"] = connection(settings, stack, project_dir, checked)
+                except (StatusError, OSError) as exc:
+                    slot["error"] = str(exc)
+    docs = []
+    for slot in hosts.values():
+        if slot["conn"] is None:
+            docs.append({"host": slot["target"], "entry": slot["entry"], "error": slot["error"], "stacks": []})
+            continue
+        try:
+            docs.append(host_status(slot["conn"], slot["entry"], slot["target"], slot["stacks"]))
+        except ssh.RemoteError as exc:
+            docs.append({"host": slot["target"], "entry": slot["entry"], "error": str(exc), "stacks": []})
+    drift = [f"{d['host']}: {s['stack']}" for d in docs for s in d.get("stacks", []) if s["serving"] and s["drift"]]
+    unreachable = [d["host"] for d in docs if d.get("error")]
+    summary = ("drift on the serving stack: " + ", ".join(drift)) if drift else "the serving stack's files are as declared"
+    if unreachable:
+        summary += "; not read: " + ", ".join(unreachable)
+    return {"hosts": docs, "drift": bool(drift), "unreachable": unreachable, "summary": summary}

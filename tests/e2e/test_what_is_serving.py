@@ -1,0 +1,158 @@
+"""Issue 12, point 5 ("nothing says what is serving") and point 9 (preview noise), and the issue's
+"Done when" sequence, on one rehearsal host with the real engine: a switch preview says what
+serves now and will stop, read from the host; a superseded stack's drift check says superseded,
+naming the unit and stack that serve; `python -m components status` is the host's truth; the
+readiness output says what checked it; destroying the serving stack says nothing serves."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from pulumi import automation as auto
+
+from tests.e2e.test_layout_files_and_failed_switches import no_changes
+from tests.e2e.test_running_server_drift import (ENV_FILE, TP8, UNIT_FILE, check_is_clean, drift_text, flag, main_pid,
+                                                 running_argv, running_environment)
+from tests.pulumi_env import REPO
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+EP8 = "sglang-kimi-k2.6-ep8.service"
+
+
+def status(d, *args: str) -> subprocess.CompletedProcess:
+    env = {**d.env, "PATH": f"{REPO / '.venv' / 'bin'}:{d.env.get('PATH', '')}"}
+    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "components", "status", *args], cwd=d.project,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def switch_block(text: str) -> list[str]:
+    """The lines of the switch block in an engine's output (the provider's check prints them to
+    its stderr: a preview shows them as the engine's diagnostics, an up inline)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    start = next(i for i, line in enumerate(lines) if "serves now, since" in line)
+    end = start
+    while end + 1 < len(lines) and (lines[end + 1].lstrip().startswith(("switch:", "flags", "environment", "--", "(new)"))
+                                    or lines[end + 1].startswith("        ") and "->" in lines[end + 1]):
+        end += 1
+    return lines[start:end + 1]
+
+
+def test_the_done_when_sequence_on_one_host(deployment):
+    d = deployment
+    # deploy tp8
+    result = d.stack("tp8").up(on_output=print)
+    r = result.outputs["readiness"].value
+    assert r["status"] == "ready" and r["checked_by"].startswith("up: the switch started the unit"), r
+    pid = main_pid(d, TP8)
+
+    # add and remove a new layout file: tp8's MainPID unchanged, its drift check clean
+    d.write_stack_file("tp4pp2", {"tpSize": 4, "ppSize": 2})
+    no_changes(d, "tp8")
+    (d.project / "Pulumi.tp4pp2.yaml").unlink()
+    no_changes(d, "tp8")
+    assert main_pid(d, TP8) == pid
+
+    # hand-edit flag + environment + restart: the drift names the running server
+    d.sh(f"sed -i 's/--max-running-requests 64/--max-running-requests 128/' {UNIT_FILE}; "
+         f"sed -i 's/^NCCL_ALGO=Ring$/NCCL_ALGO=Tree/' {ENV_FILE}; systemctl daemon-reload; systemctl restart {TP8}")
+    text = drift_text(d, "tp8")
+    assert "the running server was started from other settings" in text, text[-4000:]
+    assert "--max-running-requests 128 (declared 64)" in text and "NCCL_ALGO=Tree (declared Ring)" in text
+    assert "superseded" not in text  # an edit reads as an edit
+
+    # up --refresh: the process runs the declared flags and environment
+    d.stack("tp8").up(refresh=True, on_output=print)
+    assert flag(running_argv(d, TP8), "--max-running-requests") == "64"
+    assert running_environment(d, TP8)["NCCL_ALGO"] == "Ring"
+
+    # kill -9: one up converges, the check is clean
+    d.sh(f"kill -9 {main_pid(d, TP8)}")
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    check_is_clean(d, "tp8")
+
+    # the switch preview says, from the host, what serves now, that it stops, and what differs
+    lines: list[str] = []
+    preview = d.stack("ep8").preview(diff=True, on_output=lines.append)
+    text = "\n".join(lines) + "\n" + preview.stderr
+    block = switch_block(preview.stderr)
+    assert len(block) <= 40, block
+    joined = "\n".join(block)
+    assert f"{TP8} (stack tp8) serves now, since " in joined and "tp 8 x pp 1 (ep 1, dp 1)" in joined, joined
+    assert f"it will stop; {EP8} (stack ep8) starts, tp 8 x pp 1 (ep 8, dp 1)" in joined, joined
+    assert "--ep-size 1 -> 8" in joined and "environment: identical" in joined, joined
+    assert "HF_TOKEN" not in joined
+
+    # switch to ep8: tp8's check says superseded by ep8
+    result = d.stack("ep8").up(on_output=print)
+    assert result.outputs["readiness"].value["status"] == "ready"
+    text = drift_text(d, "tp8")
+    assert f"superseded: {EP8} (stack ep8) serves since " in text, text[-4000:]
+    assert "the running server was started from other settings" not in text
+
+    # status names ep8: unit, stack, layout, uptime, readiness now, every stack's files
+    done = status(d, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    host, = doc["hosts"]
+    assert host["serving"]["unit"] == EP8 and host["serving"]["stack"] == "ep8", host
+    assert host["serving"]["layout"]["ep_size"] == 8 and host["serving"]["uptime_seconds"] >= 0
+    assert host["readiness"]["status"] == "ready" and host["readiness"]["layout"]["ep_size"] == 8
+    stacks = {s["stack"]: s for s in host["stacks"]}
+    assert stacks["ep8"]["serving"] and stacks["ep8"]["drift"] == [] and stacks["tp8"]["drift"] == []
+    assert stacks["pp8"]["state"] == "not on this host"
+    text = status(d).stdout
+    assert f"serving   {EP8} (stack ep8), tp 8 x pp 1 (ep 8, dp 1)" in text and "readiness ready" in text, text
+    assert len(text.splitlines()) <= 25, text
+
+
+def test_status_exits_non_zero_when_the_serving_stack_drifted(deployment):
+    d = deployment
+    path = f"/etc/systemd/system/{EP8}"
+    original = d.sh(f"cat {path}")
+    d.sh(f"sed -i 's/--max-running-requests 64/--max-running-requests 96/' {path}")
+    try:
+        done = status(d, "--stack", "ep8")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert "DRIFT: unit file differs" in done.stdout and "--max-running-requests 96" in done.stdout, done.stdout
+        assert "drift on the serving stack" in done.stdout
+    finally:
+        d.sh(f"cat > {path} <<'EOF'\n{original}EOF\nsystemctl daemon-reload")
+    assert status(d, "--stack", "ep8").returncode == 0
+
+
+def test_a_refresh_says_what_checked_the_readiness(deployment):
+    d = deployment
+    result = d.stack("ep8").up(on_output=print)  # refresh: always; nothing restarted
+    r = result.outputs["readiness"].value
+    assert r["status"] == "ready" and r["checked_by"].startswith("refresh"), r
+    assert r["checked_at"]
+
+
+def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
+    """Issue 12.9: the same steps on main (8b1d6ee) gave 169 lines and 43 of diagnostics (argv
+    one argument a line, every field of the last readiness report as removed, the unchanged unit
+    text); now 100: the unit text only for a new unit, execStart on one line, the readiness
+    hand-over one opaque value."""
+    d = deployment
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    lines: list[str] = []
+    preview = d.stack("ep8").preview(diff=True, on_output=lines.append)
+    text = "\n".join(lines)
+    print(f"switch preview: {len(lines)} lines of output, {len(preview.stderr.splitlines())} of diagnostics")
+    assert "as it will be written" not in text + preview.stderr  # the unit does not change
+    assert "[3]: " not in text  # no argv one argument a line
+    assert len(lines) <= 100, text
+    assert f"{TP8} (stack tp8) serves now" in preview.stderr
+
+
+def test_destroying_the_serving_stack_says_nothing_serves(deployment):
+    d = deployment
+    assert d.stack("ep8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    lines: list[str] = []
+    result = d.stack("ep8").destroy(on_output=lines.append)
+    text = "\n".join(lines) + "\n" + result.stderr
+    assert f"{EP8} served and is stopped: nothing serves on " in text, text[-3000:]
+    done = status(d)
+    assert "serving   nothing" in done.stdout, done.stdout

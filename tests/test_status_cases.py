@@ -1,0 +1,69 @@
+"""What serves on a host (components/status.py), from the host's answer: data cases in
+tests/data/status/ (the raw answer of SERVING_SCRIPT and what it must say)."""
+from __future__ import annotations
+
+import pytest
+
+from components import status as S
+from components.readiness import SYSTEMD_VARIABLES
+from components.remote import reads
+from tests.casedata import cases
+
+HOST_CASES = [(n, c) for n, c in cases("status") if "superseded" in c]
+SWITCH_CASES = [(n, c) for n, c in cases("status") if "lines" in c]
+
+
+@pytest.mark.parametrize("name,case", HOST_CASES, ids=[n for n, _ in HOST_CASES])
+def test_what_serves_and_who_is_superseded(name, case):
+    host = S.parse_serving(case["stdout"])
+    for unit, expected in case["superseded"].items():
+        assert S.superseded_by(unit, host) == expected, unit
+    got = [{"unit": u.name, "stack": u.stack, "uptime_seconds": u.uptime_seconds, "layout": u.layout}
+           for u in host.serving]
+    assert got == case["serving"]
+
+
+@pytest.mark.parametrize("name,case", SWITCH_CASES, ids=[n for n, _ in SWITCH_CASES])
+def test_the_switch_block(name, case):
+    host = S.parse_serving(case["stdout"])
+    lines = S.switch_block(label="switch", target_unit=case["target_unit"], target_stack=case["target_stack"],
+                           declared_argv=case["declared_argv"], declared_environment=case["declared_environment"],
+                           secret_keys=case["secret_keys"], host=host, ignore_variables=SYSTEMD_VARIABLES)
+    assert lines == case["lines"]
+    text = "\n".join(lines)
+    # No value of the running server's environment that the new declaration does not set.
+    for key, value in host.units[0].environ.items():
+        if key not in case["declared_environment"] and len(value) > 3:
+            assert value not in text, key
+
+
+def test_the_switch_block_is_empty_when_the_target_serves_alone():
+    host = S.parse_serving(dict(cases("status"))["ep8-serves-tp8-superseded"]["stdout"])
+    assert S.switch_block(label="switch", target_unit="sglang-kimi-k2.6-ep8.service", target_stack="ep8",
+                          declared_argv=[], declared_environment={}, secret_keys=[], host=host) == []
+
+
+def test_a_long_block_is_cut_with_the_command_that_shows_it_all():
+    case = dict(cases("status"))["switch-tp8-to-ep8"]
+    lines = S.switch_block(label="switch", target_unit="u.service", target_stack="ep8",
+                           declared_argv=[f"--flag-{i}" for i in range(60)], declared_environment={}, secret_keys=[],
+                           host=S.parse_serving(case["stdout"]), max_lines=40)
+    assert len(lines) == 40 and "python -m components plan --stack ep8 --against tp8" in lines[-1]
+
+
+def test_the_read_asks_for_environments_only_when_told():
+    assert reads.serving()["argv"][-1] == "-" and reads.serving(with_environ=True)["argv"][-1] == "environ"
+    assert "Environ=" in S.SERVING_SCRIPT and 'if [ "$1" = environ ]' in S.SERVING_SCRIPT
+
+
+def test_file_drift_never_shows_values_of_a_file_that_may_hold_secrets():
+    assert S.file_drift("A=1\n", "A=1\n") is None
+    assert S.file_drift("A=1\n", None) == "missing on the host"
+    said = S.file_drift("A=1\nB=2\n", "A=1\nB=hunter22\n", hide_values=True)
+    assert "hunter22" not in said and "B" in said
+    assert "--x 2" in S.file_drift("--x 1\n", "--x 2\n")
+    assert S.strip_secret_lines('A=1\nHF_TOKEN="t"\n', ["HF_TOKEN"]) == "A=1\n"
+
+
+def test_uptime_words():
+    assert [S.describe_uptime(s) for s in (None, 5, 75, 3700, 90000)] == ["?", "5s", "1m15s", "1h01m", "1d01h"]
