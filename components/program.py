@@ -13,7 +13,7 @@ from .venv import PythonVenv
 from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
 from .plan import ServingPlan, check_stack
-from .stack_config import check_stack_file, from_engine
+from .stack_config import from_engine
 from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
@@ -46,7 +46,6 @@ def run() -> None:
         # The same check as `python -m components plan`, on every config key the engine passed
         # (a misspelled one included), before any resource: a fleet with one unfit host changes
         # nothing, and no setting plan refuses reaches a host.
-        check_stack_file(Path(os.getcwd()), stack)
         checked = check_stack(stack, from_engine(), Path(os.getcwd()))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.

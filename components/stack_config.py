@@ -241,15 +241,6 @@ def project_settings(project_dir: Path) -> dict[str, Any]:
     return out
 
 
-def check_stack_file(project_dir: Path, stack: str) -> None:
-    """For the program: read Pulumi.<stack>.yaml as `plan` reads it, so what Pulumi's own reader
-    passes silently (one setting written twice, in its old and new key forms: the engine keeps
-    one) is refused by `preview` as by `plan`, with the same `ConfigError`. A stack without a
-    file of its own has nothing to read."""
-    if (Path(project_dir) / f"Pulumi.{stack}.yaml").exists():
-        from_files(project_dir, stack)
-
-
 def _put(raw: RawConfig, key: Any, value: Any, origin: str, errors: list[SettingError]) -> None:
     # Keys Pulumi itself cannot read are refused here, naming the file: the engine would stop on
     # them before the program runs (`namespace_settings` says the same if one ever gets through).
