@@ -8,7 +8,10 @@ A case is one YAML file:
 - `otherStacks`: {name: text of Pulumi.<name>.yaml}, beside the repository's tp8, pp8, ep8;
 - `secrets`: keys of `config` given with `pulumi config set --secret`: encrypted in the stack
   file (`plan` never sees the value), decrypted for the program;
-- `stack` (default "bad"), `why`, and `expect`: the setting the error names and a phrase of it.
+- `stack` (default "bad"), `why`, and `expect`: the setting the error names and a phrase of it;
+- `accept: true`: an ordinary setting a check once refused (must be accepted; no `expect`);
+- `planOnly`: why only `plan` can refuse it (Pulumi resolves the file itself before any program
+  runs); such a case is left out of the engine batch of tests/e2e/test_hardening_input.py.
 """
 from __future__ import annotations
 
