@@ -67,7 +67,9 @@ def render(name: str) -> tuple[object, dict]:
         base = config.get(section)
         config[section] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
     settings = parse_settings(name, config)  # accepted: a ConfigError here fails the test
-    return build_plan(settings, stack_names(ROOT)), case.get("secrets") or {}
+    # Every variable of the case in the shared file (its quoting is what the case stresses); the
+    # project's stacks above put their own variables in the unit's Environment= lines.
+    return build_plan(settings), case.get("secrets") or {}
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +105,9 @@ def test_unit_and_environment_parse_back_to_exactly_what_was_declared(host, name
     assert not any(c.isspace() for a in argv for c in a), argv
 
     unit = f"ptrt-{name}.service"
-    bare = f"ptrt-{name}-bare.service"  # the same unit without its EnvironmentFile= line
+    bare = f"ptrt-{name}-bare.service"  # the same unit without its environment lines
     bare_text = "".join(line for line in plan.unit.text.splitlines(keepends=True)
-                        if not line.startswith("EnvironmentFile="))
+                        if not line.startswith(("EnvironmentFile=", "Environment=")))
     assert bare_text != plan.unit.text
     env_path = plan.unit.environment_path
     env_dir = str(Path(env_path).parent)
