@@ -303,8 +303,9 @@ def split_nul(data: bytes) -> list[str]:
     return [part.decode(errors="replace") for part in data.split(b"\0") if part]
 
 
-def _flag_groups(argv: list[str]) -> list[tuple[str, str]]:
-    """argv as (flag, its values), so a difference reads `--max-running-requests 128`."""
+def flag_groups(argv: list[str]) -> list[tuple[str, str]]:
+    """argv as (flag, its values), so a difference reads `--max-running-requests 128`; what
+    precedes the first flag (the interpreter, `-m sglang.launch_server`) is one group."""
     groups: list[tuple[str, list[str]]] = []
     for arg in argv:
         if arg.startswith("--") or not groups:
@@ -323,8 +324,8 @@ def compare_running(declared_argv: list[str], declared_environment: dict[str, st
     caller compares; only the answer comes here)."""
     out: list[str] = []
     if [str(a) for a in declared_argv] != running_argv:
-        want = dict(_flag_groups([str(a) for a in declared_argv]))
-        have = dict(_flag_groups(running_argv))
+        want = dict(flag_groups([str(a) for a in declared_argv]))
+        have = dict(flag_groups(running_argv))
         for flag in list(want) + [f for f in have if f not in want]:
             if flag not in have:
                 out.append(f"{flag} {want[flag]}".rstrip() + " declared, not running")

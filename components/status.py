@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .readiness import flag_groups
 from .unit import MARKER_KEY
 
 UNIT_DIR = "/etc/systemd/system"
@@ -146,20 +147,8 @@ def parse_serving(stdout: str) -> HostServing:
     return HostServing(units, manager)
 
 
-def _flags(argv: list[str]) -> list[tuple[str, str]]:
-    """argv as (flag, its values): `--tp-size 8` -> ("--tp-size", "8"); what precedes the first
-    flag (the interpreter, `-m sglang.launch_server`) is one group."""
-    groups: list[tuple[str, list[str]]] = []
-    for arg in argv:
-        if arg.startswith("--") or not groups:
-            groups.append((arg, []))
-        else:
-            groups[-1][1].append(arg)
-    return [(f, " ".join(v)) for f, v in groups]
-
-
 def layout_of_argv(argv: list[str]) -> dict[str, Any]:
-    flags = dict(_flags(argv))
+    flags = dict(flag_groups(argv))
     out: dict[str, Any] = {}
     for flag, key in LAYOUT_FLAGS:
         value = flags.get(flag, "1")
@@ -246,7 +235,7 @@ def switch_block(*, label: str, target_unit: str, target_stack: str, declared_ar
         lines.append(f"{label}: it will stop; {target_unit} (stack {target_stack}) starts, {describe_layout(new_layout)}")
     u = others[0]
     if u.argv:
-        before, after = dict(_flags(u.argv)), dict(_flags([str(a) for a in declared_argv]))
+        before, after = dict(flag_groups(u.argv)), dict(flag_groups([str(a) for a in declared_argv]))
         flag_lines = []
         for f in list(before) + [f for f in after if f not in before]:
             if f not in after:
