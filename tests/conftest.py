@@ -16,13 +16,16 @@ Tests that use them need root and scripts/install-host-deps; mark them ``rehears
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import string
 
 import pytest
 
-_TEST_NAME = re.compile(r"^pt(\d+)[a-z]?$")
+# pt<pid> (the shared host), pt<pid><letter> (the factory), pt<pid>-<letter> (a test's own
+# one-off host: never one of the factory's names, which a test cannot know in advance)
+_TEST_NAME = re.compile(r"^pt(\d+)(?:-?[a-z]{1,2})?$")
 
 
 def pytest_configure(config):
@@ -65,7 +68,9 @@ def rehearsal_host_factory():
     _check_can_boot()
     _reap_abandoned_test_hosts()
     made: list[str] = []
-    suffixes = iter(string.ascii_lowercase)
+    # a..z, then aa..zz: a session may boot more than 26 hosts (names stay within 11 chars)
+    suffixes = itertools.chain(string.ascii_lowercase,
+                               map("".join, itertools.product(string.ascii_lowercase, repeat=2)))
 
     def make(**kwargs) -> "host.HostInfo":
         name = f"pt{os.getpid()}{next(suffixes)}"

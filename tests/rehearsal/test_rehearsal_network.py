@@ -160,7 +160,7 @@ def test_install_host_deps_and_up_add_the_no_route_entry_where_it_is_missing(scr
     # own /24 while the rest of the range stays unroutable.
     subprocess.run(["ip", "-n", ns, "route", "del", str(host.RANGE)], check=True)
     assert route_get(probe, ns).returncode == 0
-    name = f"pt{os.getpid()}n"
+    name = f"pt{os.getpid()}-n"
     try:
         up = in_netns(ns, "python3", "-m", "rehearsal", "up", name, "--json")
         assert up.returncode == 0, up.stderr
@@ -199,7 +199,7 @@ def test_a_machine_attached_to_the_range_is_refused_with_a_clear_message(scratch
     deps = in_netns(ns, "bash", "scripts/install-host-deps")
     assert deps.returncode == 0 and "no rehearsal host can start on this machine" in deps.stderr
     # ... and `up` refuses before it creates anything.
-    name = f"pt{os.getpid()}m"
+    name = f"pt{os.getpid()}-m"
     up = in_netns(ns, "python3", "-m", "rehearsal", "up", name)
     assert up.returncode == 1 and "overlaps a network this machine is attached to" in up.stderr
     assert host.status(name).state == "absent" and not host.instance_dir(name).exists()
