@@ -8,10 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import ConfigError
-from .config import parse_settings
-from .plan import CheckedStack, ServingPlan, check_stack, load_stack_config
-from .stack_config import from_files
+from .core.config import parse_settings
+from .core.errors import ConfigError
+from .core.plan import CheckedStack, ServingPlan, check_stack, load_stack_config
+from .core.stack_config import from_files
 
 
 def _print_plan(plan: ServingPlan) -> None:
@@ -91,8 +91,9 @@ def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
 def _status(args) -> int:
     """Exit 0: the serving stack's files (and its process's command line) are as declared, or
     nothing serves; 1: they drifted; 2: bad settings, or a host that could not be read."""
+    # Here, not at the top: `plan` and `switch` never connect, and need not load the SSH side.
+    from .core.status import render_status
     from .remote.status import project_status
-    from .status import render_status
     try:
         doc = project_status(args.project_dir, args.stack)
     except ConfigError as exc:

@@ -1,17 +1,15 @@
 """GpuHost: how to reach the host (pinned key, secret private key) and what it has."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import pulumi
 
-from .config import StackSettings
+from .core.config import StackSettings
+from .remote.ssh import rehearsal_info
 from .resources import HostFacts
-
-REHEARSAL_RUN = Path("/run/gpu-serving/rehearsal")
 
 
 @dataclass
@@ -19,19 +17,10 @@ class GpuHostArgs:
     settings: StackSettings
     # gpu-serving:sshPrivateKey (a Pulumi secret), when the key is not a file.
     private_key: Optional[pulumi.Output[str]] = None
-    # The reads the later resources make on refresh (components/prefetch.py), started ahead.
+    # The reads the later resources make on refresh (components/core/reads.py: refresh_reads), started ahead.
     prefetch: Optional[list] = None
     # The fleet entry's name ("" for the one-host form): messages name the machine as the stack does.
     entry: str = ""
-
-
-def rehearsal_info(name: str) -> Optional[dict]:
-    path = REHEARSAL_RUN / name / "host.json"
-    try:
-        info = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return info if info.get("state") == "running" and info.get("address") else None
 
 
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:

@@ -6,17 +6,18 @@ from pathlib import Path
 from typing import Optional
 
 import pulumi
+from pulumi.runtime import config as runtime_config
 
-from .config import StackSettings
+from .core.config import StackSettings
+from .core.errors import ConfigError
+from .core.plan import ServingPlan, check_stack
+from .core.reads import refresh_reads
+from .core.stack_config import RawConfig, from_engine
 from .cuda import CudaToolkit
-from .venv import PythonVenv
-from .errors import ConfigError
 from .gpu_host import GpuHost, GpuHostArgs
-from .plan import ServingPlan, check_stack
-from .stack_config import from_engine
-from .prefetch import refresh_reads
 from .readiness_check import ReadinessCheck
 from .serving_unit import ServingUnit
+from .venv import PythonVenv
 
 
 def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
@@ -39,6 +40,14 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
             "host": host.facts, "readiness": ready.report}
 
 
+def engine_config() -> RawConfig:
+    """Every config key the engine passed to this program (not only the ones it knows, so a
+    misspelled key is seen), and which are secrets."""
+    values = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    secret = set(runtime_config.get_config_secret_keys_env())
+    return from_engine(values, {k for k in values if k in secret or runtime_config.is_config_secret(k)})
+
+
 def run() -> None:
     stack = pulumi.get_stack()
     cfg = pulumi.Config("gpu-serving")
@@ -46,7 +55,7 @@ def run() -> None:
         # The same check as `python -m components plan`, on every config key the engine passed
         # (a misspelled one included), before any resource: a fleet with one unfit host changes
         # nothing, and no setting plan refuses reaches a host.
-        checked = check_stack(stack, from_engine(), Path(os.getcwd()))
+        checked = check_stack(stack, engine_config(), Path(os.getcwd()))
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None

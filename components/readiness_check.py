@@ -6,10 +6,10 @@ from typing import Optional
 
 import pulumi
 
+from .core.plan import ServingPlan, declared_layout
 from .gpu_host import GpuHost
 from .resources import Readiness
-from .serving_unit import ServingUnit, declared_layout
-from .plan import ServingPlan
+from .serving_unit import ServingUnit
 
 
 class ReadinessCheck(pulumi.ComponentResource):

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import pulumi
 from pulumi.dynamic import Resource
 
-from .readiness import AS_DECLARED
+from .core.readiness import AS_DECLARED
 from .remote import providers
 
 

@@ -7,20 +7,11 @@ from typing import Optional
 
 import pulumi
 
-from . import readiness as R
+from .core import readiness as R
+from .core.plan import ServingPlan, declared_layout
+from .core.unit import UNIT_DIR
 from .gpu_host import GpuHost
-from .plan import ServingPlan
 from .resources import RemoteFile, Service
-
-UNIT_DIR = "/etc/systemd/system"
-
-
-def declared_layout(plan: ServingPlan) -> dict:
-    """What readiness compares with the server's /server_info."""
-    s = plan.settings
-    return {"tp_size": plan.layout.tp_size, "pp_size": plan.layout.pp_size, "ep_size": plan.layout.ep_size,
-            "dp_size": plan.layout.dp_size, "enable_dp_attention": plan.layout.enable_dp_attention,
-            "model_path": s.model.path, "served_model_name": s.model.served_name, "port": s.serving.port}
 
 
 class ServingUnit(pulumi.ComponentResource):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from components.stack_config import SECRET, from_files
+from components.core.stack_config import SECRET, from_files
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(__file__).parent / "data" / "bad-input"

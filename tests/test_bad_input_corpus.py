@@ -22,12 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components import cuda as C
-from components.config import SECTIONS, parse_settings
-from components.errors import ConfigError, SettingError
-from components.plan import build_plan, build_plans, check_stack, plan_stack, stack_names
-from components.stack_config import RawConfig, _decode, from_files
-from components.strategy import UNIT_NAME
+from components.core.config import SECTIONS, parse_settings
+from components.core.errors import ConfigError, SettingError
+from components.core.plan import build_plan, build_plans, check_stack, plan_stack, stack_names
+from components.core.stack_config import RawConfig, _decode, from_files
+from components.core.strategy import UNIT_NAME
 
 from . import corpus_support as CS
 from . import hardening_support as H
@@ -387,7 +386,7 @@ FLEET_VALID = {"name": "gpu1", "address": "10.0.0.11", "user": "ubuntu", "rehear
 
 
 def test_fleet_entries_text_settings_are_all_covered():
-    from components.config import HostEntry
+    from components.core.config import HostEntry
     text = {f.alias or n for n, f in HostEntry.model_fields.items() if _text_annotation(f.annotation)}
     assert text == set(FLEET_VALID), text ^ set(FLEET_VALID)
 
@@ -459,7 +458,7 @@ def test_every_pattern_matches_whole_strings_in_ascii():
 
 
 def test_a_trailing_newline_never_matches_a_settings_pattern():
-    import components.config as config
+    import components.core.config as config
     patterns = [v for v in vars(config).values() if isinstance(v, re.Pattern)]
     assert len(patterns) > 15
     for p in patterns:

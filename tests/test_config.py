@@ -1,8 +1,8 @@
 """pydantic edge cases: types, ranges, unknown keys, profiles, safe characters."""
 import pytest
 
-from components.config import parse_settings
-from components.errors import ConfigError
+from components.core.config import parse_settings
+from components.core.errors import ConfigError
 
 # A real ed25519 public key (generated for these tests; public, no secret).
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBk5Cd7Ad55IN5VS2Wro6PHRmPTvaG4gJLQZKW5EjmqI"
@@ -129,7 +129,7 @@ def test_valid_real_host():
 # ---------------------------------------------------------------------------------------------
 # Messages quote values through errors.shown (issue 13): credentials described, never printed
 
-from components.errors import SettingError, secret_kind, shown  # noqa: E402
+from components.core.errors import SettingError, secret_kind, shown  # noqa: E402
 
 PEM = ("-----BEGIN OPENSSH PRIVATE KEY-----\n" + "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n" * 24
        + "-----END OPENSSH PRIVATE KEY-----\n")
@@ -172,7 +172,7 @@ def test_setting_error_redacts_and_bounds_whatever_a_check_wrote():
 
 
 def test_config_error_lists_a_bounded_number_of_problems():
-    from components.errors import ERRORS_SHOWN, MESSAGE_MAX
+    from components.core.errors import ERRORS_SHOWN, MESSAGE_MAX
     err = ConfigError([SettingError(f"gpu-serving:s{i}", "bad") for i in range(500)])
     lines = str(err).splitlines()
     assert len(lines) == ERRORS_SHOWN + 2 and f"{500 - ERRORS_SHOWN} more" in lines[-1]

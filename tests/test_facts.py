@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from components import facts as F
+from components.core import facts as F
 
 from .casedata import DATA, cases
 

@@ -5,8 +5,9 @@ import subprocess
 
 import pytest
 
-from components import cuda as C
-from components.config import CudaSettings
+from components import cuda as cuda_component
+from components.core import cuda as C
+from components.core.config import CudaSettings
 
 from .casedata import cases
 
@@ -88,10 +89,10 @@ def test_probe_script_runs_locally(tmp_path):
 
 
 def test_install_props_nvidia_and_verify():
-    props = C.install_props(CudaSettings.model_validate({"version": "13.0", "keyringSha256": "c" * 64}))
+    props = cuda_component.install_props(CudaSettings.model_validate({"version": "13.0", "keyringSha256": "c" * 64}))
     assert props["aptPackage"] == "cuda-toolkit-13-0" and props["home"] == "/usr/local/cuda-13.0"
     assert props["rehearsalRepo"] is None and props["keyringSha256"] == "c" * 64 and props["aptRepository"] is None
-    assert C.install_props(CudaSettings.model_validate({"install": "verify"}))["install"] == "verify"
+    assert cuda_component.install_props(CudaSettings.model_validate({"install": "verify"}))["install"] == "verify"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -148,10 +149,10 @@ def test_standin_repo_is_cached_and_keeps_its_key(standin_repo, monkeypatch):
 
 def test_install_props_rehearsal_pins_the_built_keyring(standin_repo, monkeypatch):
     monkeypatch.setenv("GPU_SERVING_CACHE", str(standin_repo.root.parents[1]))
-    props = C.install_props(CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))
+    props = cuda_component.install_props(CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))
     assert props["keyringSha256"] == standin_repo.keyring_sha256
     assert props["rehearsalRepo"] == {"localDir": str(standin_repo.repo_dir), "keyringFile": str(standin_repo.keyring),
                                       "remoteDir": C.REHEARSAL_REPO_DIR}
-    from components.errors import ConfigError
+    from components.core.errors import ConfigError
     with pytest.raises(ConfigError, match="does not match the rehearsal repository's keyring"):
-        C.install_props(CudaSettings.model_validate({"aptRepository": "rehearsal", "keyringSha256": "d" * 64}))
+        cuda_component.install_props(CudaSettings.model_validate({"aptRepository": "rehearsal", "keyringSha256": "d" * 64}))

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from components import cuda as C
-from components import venv as V
-from components.config import CudaSettings, VenvSettings
+from components import cuda as cuda_component
+from components.core import cuda as C
+from components import venv as venv_component
+from components.core import venv as V
+from components.core.config import CudaSettings, VenvSettings
 from components.remote import ssh
 from components.remote.installers import CudaToolkitProvider, PythonVenvProvider
 
@@ -49,7 +51,7 @@ def state_of_apt(info) -> str:
 @pytest.fixture(scope="module")
 def cuda_props(rehearsal_host):
     props = {"connection": connection(rehearsal_host),
-             **C.install_props(CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))}
+             **cuda_component.install_props(CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))}
     # A reused host (GPU_SERVING_TEST_HOST) may have it from an earlier run: start clean.
     rehearsal_host.run("apt-get purge -y -q cuda-toolkit-13-0; rm -rf /usr/local/cuda-13.0 "
                        f"{C.SOURCE_FILE} {C.REHEARSAL_KEYRING} {C.REHEARSAL_REPO_DIR}", timeout=300)
@@ -125,10 +127,10 @@ def test_cuda_wrong_keyring_pin_installs_nothing(rehearsal_host, cuda_props, cud
 
 def test_cuda_verify_only_checks(rehearsal_host, cuda_props, cuda_created):
     p = CudaToolkitProvider()
-    verify = {**cuda_props, **C.install_props(CudaSettings.model_validate({"version": "13.0", "install": "verify"})),
+    verify = {**cuda_props, **cuda_component.install_props(CudaSettings.model_validate({"version": "13.0", "install": "verify"})),
               "connection": cuda_props["connection"]}
     assert p.create(dict(verify)).outs["version"] == "13.0"
-    other = {**verify, **C.install_props(CudaSettings.model_validate({"version": "12.8", "install": "verify"})),
+    other = {**verify, **cuda_component.install_props(CudaSettings.model_validate({"version": "12.8", "install": "verify"})),
              "connection": cuda_props["connection"]}
     with pytest.raises(ssh.RemoteError, match="cuda.install is verify .* /usr/local/cuda-12.8/bin/nvcc is missing"):
         p.create(dict(other))
@@ -146,7 +148,7 @@ def test_cuda_delete_leaves_the_toolkit(rehearsal_host, cuda_created):
 def venv_props(rehearsal_host):
     rehearsal_host.run(f"rm -rf {VENV}")
     return {"connection": connection(rehearsal_host),
-            **V.install_props(VenvSettings.model_validate({"path": VENV, "python": "3.11", "packages": [ENGINE], "wheelhouse": "rehearsal"}))}
+            **venv_component.install_props(VenvSettings.model_validate({"path": VENV, "python": "3.11", "packages": [ENGINE], "wheelhouse": "rehearsal"}))}
 
 
 @pytest.fixture(scope="module")

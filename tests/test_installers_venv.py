@@ -5,9 +5,10 @@ import sys
 
 import pytest
 
-from components import venv as V
-from components.config import VenvSettings
-from components.errors import ConfigError
+from components import venv as venv_component
+from components.core import venv as V
+from components.core.config import VenvSettings
+from components.core.errors import ConfigError
 from components.remote.installers import PythonVenvProvider, parse_sha256sum
 
 from .casedata import cases
@@ -84,24 +85,24 @@ def test_probe_script_against_a_local_venv(tmp_path):
 def test_rehearsal_wheelhouse_props(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_SERVING_CACHE", str(tmp_path))
     settings = VenvSettings.model_validate({"packages": ["sglang-rehearsal==0.0.1+rehearsal"], "wheelhouse": "rehearsal"})
-    props = V.install_props(settings)
+    props = venv_component.install_props(settings)
     wh = props["wheelhouse"]
     assert wh["remoteDir"] == V.WHEELHOUSE_DIR and wh["localDir"] == str(tmp_path / "rehearsal/wheelhouse")
     assert list(wh["files"]) == ["sglang_rehearsal-0.0.1+rehearsal-py3-none-any.whl"]
     # The engine wheel is byte-for-byte reproducible, so a second preview sees no change.
-    assert V.install_props(settings)["wheelhouse"] == wh
+    assert venv_component.install_props(settings)["wheelhouse"] == wh
     with pytest.raises(ConfigError, match=r"venv.packages\[0\].*has no wheel"):
-        V.install_props(VenvSettings.model_validate({"packages": ["sglang-rehearsal==9.9"], "wheelhouse": "rehearsal"}))
+        venv_component.install_props(VenvSettings.model_validate({"packages": ["sglang-rehearsal==9.9"], "wheelhouse": "rehearsal"}))
 
 
 def test_local_wheelhouse_props(tmp_path):
     (tmp_path / "sglang-0.5.23-py3-none-any.whl").write_bytes(b"wheel")
     (tmp_path / "notes.txt").write_text("not a wheel")
-    props = V.install_props(VenvSettings.model_validate({"packages": ["sglang[all]==0.5.23"], "wheelhouse": str(tmp_path)}))
+    props = venv_component.install_props(VenvSettings.model_validate({"packages": ["sglang[all]==0.5.23"], "wheelhouse": str(tmp_path)}))
     assert list(props["wheelhouse"]["files"]) == ["sglang-0.5.23-py3-none-any.whl"]
     with pytest.raises(ConfigError, match="is not a directory"):
-        V.install_props(VenvSettings.model_validate({"wheelhouse": str(tmp_path / "missing")}))
-    assert V.install_props(VenvSettings())["wheelhouse"] is None
+        venv_component.install_props(VenvSettings.model_validate({"wheelhouse": str(tmp_path / "missing")}))
+    assert venv_component.install_props(VenvSettings())["wheelhouse"] is None
 
 
 def test_sha256sum_parsing():

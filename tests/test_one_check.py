@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from components.__main__ import main as components_main
-from components.errors import ConfigError
-from components.stack_config import MAX_FILE_BYTES, from_files, read_yaml
+from components.core.errors import ConfigError
+from components.core.stack_config import MAX_FILE_BYTES, from_files, read_yaml
 
 from . import corpus_support as CS
 

@@ -1,10 +1,10 @@
 """Strategy rules and memory plans, one JSON file a case (tests/data/strategy, tests/data/memory)."""
 import pytest
 
-from components.config import parse_settings
-from components.errors import ConfigError
-from components.memory import plan_memory
-from components.plan import build_plan
+from components.core.config import parse_settings
+from components.core.errors import ConfigError
+from components.core.memory import plan_memory
+from components.core.plan import build_plan
 
 from .casedata import case_config, cases
 

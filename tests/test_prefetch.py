@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from components.plan import plan_stack
-from components.prefetch import refresh_reads
-from components.remote import installers, providers, readcache, reads, ssh
+from components.core.plan import plan_stack
+from components.core.reads import refresh_reads
+from components.core import reads
+from components.remote import installers, providers, readcache, ssh
 from tests.test_program_mocks import FLEET, ROOT, run_program, stack_config
 
 # ---------------------------------------------------------------------------------------------
@@ -326,7 +327,7 @@ def test_refresh_reads_are_what_the_providers_build_for_the_registered_props(sta
     text = json.dumps(specs)
     assert json.loads(text) == specs and "privateKey" not in text and "connection" not in text
     # The same function, called as the program calls it.
-    from components.plan import plan_stack
+    from components.core.plan import plan_stack
     plan = plan_stack(ROOT, stack)
     assert refresh_reads(plan) == specs
 

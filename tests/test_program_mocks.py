@@ -8,7 +8,7 @@ import pulumi
 import pytest
 import yaml
 
-from components.plan import plan_stack
+from components.core.plan import plan_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,7 +1,7 @@
 """Readiness verdicts and layout comparison, one JSON file a case (tests/data/readiness, layout)."""
 import pytest
 
-from components import readiness as R
+from components.core import readiness as R
 
 from .casedata import cases
 

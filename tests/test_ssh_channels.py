@@ -88,7 +88,8 @@ def test_concurrent_commands_on_one_connection_queue_below_maxsessions():
 
 import pytest  # noqa: E402
 
-from components.remote import readcache, reads  # noqa: E402
+from components.core import reads  # noqa: E402
+from components.remote import readcache  # noqa: E402
 
 
 class ScriptedChannel:

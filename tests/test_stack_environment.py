@@ -7,9 +7,9 @@ import shutil
 import pytest
 import yaml
 
-from components.config import parse_settings
-from components.errors import ConfigError
-from components.plan import build_plan, merge_serving, plan_stack, project_environment_dir
+from components.core.config import parse_settings
+from components.core.errors import ConfigError
+from components.core.plan import build_plan, merge_serving, plan_stack, project_environment_dir
 
 from .casedata import cases
 

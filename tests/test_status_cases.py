@@ -1,12 +1,12 @@
-"""What serves on a host (components/status.py), from the host's answer: data cases in
+"""What serves on a host (components/core/status.py), from the host's answer: data cases in
 tests/data/status/ (the raw answer of SERVING_SCRIPT and what it must say)."""
 from __future__ import annotations
 
 import pytest
 
-from components import status as S
-from components.readiness import SYSTEMD_VARIABLES
-from components.remote import reads
+from components.core import status as S
+from components.core.readiness import SYSTEMD_VARIABLES
+from components.core import reads
 from tests.casedata import cases
 
 HOST_CASES = [(n, c) for n, c in cases("status") if "superseded" in c]

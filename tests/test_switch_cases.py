@@ -1,9 +1,9 @@
-"""The switch decision (components/switch.py) as data: the units a host has in, the steps out
+"""The switch decision (components/core/switch.py) as data: the units a host has in, the steps out
 (tests/data/switch/*.json), and the parser of the script that lists them."""
 import pytest
 
-from components.switch import MANAGED_UNITS_SCRIPT, decide, parse_managed_units
-from components.unit import MARKER_KEY
+from components.core.switch import MANAGED_UNITS_SCRIPT, decide, parse_managed_units
+from components.core.unit import MARKER_KEY
 
 from .casedata import cases
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from components.config import parse_settings
-from components.plan import build_plan, plan_stack
-from components.unit import render_environment, systemd_quote
+from components.core.config import parse_settings
+from components.core.plan import build_plan, plan_stack
+from components.core.unit import render_environment, systemd_quote
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "data" / "units"
@@ -99,8 +99,8 @@ def test_secret_values_only_in_environment_file_text():
 # unit line. The settings here bypass validation (model_copy does not validate), as a future
 # setting without a check, or a settings object built in code, would.
 
-from components.errors import ConfigError  # noqa: E402
-from components.unit import render_unit  # noqa: E402
+from components.core.errors import ConfigError  # noqa: E402
+from components.core.unit import render_unit  # noqa: E402
 
 
 def _valid():
@@ -172,7 +172,7 @@ def test_render_environment_refuses_hostile_text(env, secrets, setting):
 
 def test_render_environment_refuses_derived_paths_from_hostile_settings():
     s = _bypassing("cuda", home="/usr/local/cuda\nLD_PRELOAD=/tmp/x.so")
-    from components.unit import environment
+    from components.core.unit import environment
     err = _refusal(render_environment, environment(s))
     assert "CUDA_HOME" in err.errors[0].setting
 
@@ -183,7 +183,7 @@ def test_build_plan_refuses_hostile_text_that_bypassed_validation():
 
 
 def test_the_emitted_line_check_catches_what_no_value_check_saw():
-    from components.unit import _check_emitted
+    from components.core.unit import _check_emitted
     for line in ("Description=a%hb", "ExecStart=/x $HOME", "Description=x\\", "Description=a\x1bb"):
         with pytest.raises(ConfigError):
             _check_emitted(["[Unit]", line], "the unit x")

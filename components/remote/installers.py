@@ -19,12 +19,19 @@ import posixpath
 import sys
 from pathlib import Path
 
-from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import (
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    ResourceProvider,
+    UpdateResult,
+)
 
-from .. import cuda as C
-from .. import venv as V
-from . import identity, reads, ssh
-from .reads import PROBE_TIMEOUT
+from ..core import cuda as C
+from ..core import reads
+from ..core import venv as V
+from ..core.reads import PROBE_TIMEOUT
+from . import identity, ssh
 
 INSTALL_LOCK = "/run/lock/gpu-serving-install.lock"
 LOCK_WAIT = 1800  # seconds to wait for another stack's install on the same host

@@ -6,11 +6,19 @@ import json
 import time
 from typing import Any, Callable, Optional
 
-from .. import readiness as R
-from ..facts import parse_systemctl_show, split_sections
-from . import reads, ssh
+from ..core import readiness as R
+from ..core import reads
+from ..core.facts import parse_systemctl_show, split_sections
+
 # The read-only scripts live with the read requests (reads.py, pure); named here too.
-from .reads import INFO_SCRIPT, POLL_SCRIPT, SNAPSHOT_SCRIPT, UNIT_PROPS, probe_address  # noqa: F401
+from ..core.reads import (  # noqa: F401
+    INFO_SCRIPT,
+    POLL_SCRIPT,
+    SNAPSHOT_SCRIPT,
+    UNIT_PROPS,
+    probe_address,
+)
+from . import ssh
 
 # $1 verb (start | restart), $2.. units: the host's clock (the journal is read from then on), the
 # crash-loop counter reset (a deliberate start is not a crash loop: StartLimitBurst would otherwise

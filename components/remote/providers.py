@@ -8,7 +8,7 @@ them into the stack): every call builds its SSH target from the props.
 
 Each read is built by reads.py from the props (`read_requests`) and run by `ssh.fetch`. The
 host-facts resource, the first remote work of a run, starts the reads of the later resources
-(its `prefetch` prop, from components/prefetch.py) on the connection it opens, so a refresh does
+(its `prefetch` prop, from components/core/reads.py) on the connection it opens, so a refresh does
 not wait for them one resource after the other (readcache.py: what may be served, and when not).
 """
 from __future__ import annotations
@@ -19,13 +19,28 @@ import threading
 import time
 from typing import Any, Optional
 
-from pulumi.dynamic import CheckFailure, CheckResult, CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+from pulumi.dynamic import (
+    CheckFailure,
+    CheckResult,
+    CreateResult,
+    DiffResult,
+    ReadResult,
+    ResourceProvider,
+    UpdateResult,
+)
 
-from .. import readiness as R
-from .. import status as S
-from .. import switch
-from ..facts import FactError, HostFacts, check_facts, parse_facts, parse_systemctl_show, split_sections
-from . import identity, probe, reads, ssh
+from ..core import readiness as R
+from ..core import reads, switch
+from ..core import status as S
+from ..core.facts import (
+    FactError,
+    HostFacts,
+    check_facts,
+    parse_facts,
+    parse_systemctl_show,
+    split_sections,
+)
+from . import identity, probe, ssh
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
 # How long a file write waits for the host lock when no readiness settings say otherwise.
@@ -179,7 +194,7 @@ def _warm_imports() -> None:
     environment file's check imports the settings module, ~0.1 s of pydantic) off the chain."""
     def load():
         try:
-            from .. import config  # noqa: F401
+            from ..core import config  # noqa: F401
         except Exception:  # noqa: BLE001 - the step that needs it imports it again, and says why
             pass
     threading.Thread(target=load, name="gpu-serving-warm-imports", daemon=True).start()
@@ -291,7 +306,9 @@ class RemoteFileProvider(ResourceProvider):
         """Secret values that would end or extend their KEY="value" line (never the values)."""
         if not props.get("secretEnvironment"):
             return []  # no import at all: a refresh waits for the first file's check
-        from ..config import SECRET_FORBIDDEN  # here: pydantic would slow every provider start
+        from ..core.config import (
+            SECRET_FORBIDDEN,  # here: pydantic would slow every provider start
+        )
         return [key for key, value in sorted((props.get("secretEnvironment") or {}).items())
                 if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
                                                or any(c.isspace() for c in value))]

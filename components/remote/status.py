@@ -1,7 +1,7 @@
 """``python -m components status``: the hosts' truth, read over SSH the way the providers read it
 (no Pulumi engine, no state): what serves on each host of the project's stacks, its readiness
 now (a /health_generate and /server_info read from the host side), and whether each stack's
-unit and environment files are the ones `plan` renders. The words come from components/status.py.
+unit and environment files are the ones `plan` renders. The words come from components/core/status.py.
 """
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import readiness as R
-from .. import status as S
-from ..errors import ConfigError
-from ..plan import CheckedStack, ServingPlan, check_stack
-from ..stack_config import from_files, stack_names
-from . import probe, reads, ssh
+from ..core import readiness as R
+from ..core import reads
+from ..core import status as S
+from ..core.errors import ConfigError
+from ..core.plan import CheckedStack, ServingPlan, check_stack, declared_layout
+from ..core.stack_config import from_files, stack_names
+from ..core.unit import UNIT_DIR
+from . import probe, ssh
 
 
 class StatusError(Exception):
@@ -51,11 +53,10 @@ def _private_key(settings, stack: str, project_dir: Path, checked: CheckedStack)
 
 def connection(settings, stack: str, project_dir: Path, checked: CheckedStack) -> dict[str, Any]:
     """The providers' connection object for one host of a stack (see gpu_host.connection_of)."""
-    from ..gpu_host import rehearsal_info
     h = settings.host
     timeouts = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
     if h.is_rehearsal:
-        info = rehearsal_info(h.rehearsal)
+        info = ssh.rehearsal_info(h.rehearsal)
         if info is None:
             raise StatusError(f"the rehearsal host {h.rehearsal!r} is not running: start it with "
                               f"`python -m rehearsal up {h.rehearsal}`")
@@ -85,7 +86,6 @@ def _readiness(t: ssh.Target, unit: S.HostUnit, declared: dict) -> dict:
 
 def _stack_files(t: ssh.Target, plan: ServingPlan, secrets: list[str]) -> list[str]:
     """Each way the host's files of this stack differ from what `plan` renders (no secret value)."""
-    from ..serving_unit import UNIT_DIR
     drift = []
     unit_text = ssh.read_file(t, f"{UNIT_DIR}/{plan.unit.name}")
     if unit_text is None:
@@ -117,7 +117,6 @@ def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, Ser
         u = serving[0]
         doc["serving"] = u.as_dict()
         owner = plans.get(u.name)
-        from ..serving_unit import declared_layout
         doc["readiness"] = _readiness(t, u, declared_layout(owner[1]) if owner else {})
         doc["also_running"] = [o.as_dict() for o in serving[1:]]
     for stack, plan, secrets in stacks:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from components import facts as F
-from components.remote import reads, ssh
+from components.core import facts as F
+from components.core import reads
+from components.remote import ssh
 from tests import hardening_support as H
 
 pytestmark = pytest.mark.rehearsal

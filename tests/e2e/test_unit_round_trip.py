@@ -4,7 +4,7 @@ through systemd's own parsing on a rehearsal host, to exactly the declared argv 
 Configurations: the project's stacks (tp8, pp8, ep8) and each file in
 tests/data/unit-round-trip/ (`config`: sections over the project's, one level deep; `secrets`:
 what the provider appends to the environment file, e.g. HF_TOKEN). Each is rendered by the real
-code (components.plan.build_plan; the provider's own `_full` for the file with its secret
+code (components.core.plan.build_plan; the provider's own `_full` for the file with its secret
 lines), installed byte for byte on the host under a test name, then:
 
 - `systemd-analyze verify` accepts the unit;
@@ -26,11 +26,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.config import StackSettings, parse_settings
-from components.errors import ConfigError
-from components.plan import build_plan, plan_stack, stack_names
+from components.core.config import StackSettings, parse_settings
+from components.core.errors import ConfigError
+from components.core.plan import build_plan, plan_stack, stack_names
 from components.remote.providers import RemoteFileProvider
-from components.unit import render_environment, render_unit
+from components.core.unit import render_environment, render_unit
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = ROOT / "tests" / "data" / "unit-round-trip"

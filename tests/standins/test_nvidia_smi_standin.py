@@ -32,7 +32,7 @@ GPU_ROW2 = re.compile(r"^\| +(N/A|\d+%) +(\d+)C +(P\d+) +(\d+)W / +(\d+)W \| +(\
 
 
 def parse_table(text: str) -> list[dict]:
-    """A parser of the kind components/facts.py needs; it must accept the capture and the stand-in."""
+    """A parser of the kind components/core/facts.py needs; it must accept the capture and the stand-in."""
     lines = text.splitlines()
     assert TIMESTAMP.match(lines[0]), lines[0]
     assert all(len(line) == 91 for line in lines[1:] if line), [l for l in lines[1:] if l and len(l) != 91]

@@ -13,12 +13,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import NAMESPACE, StackSettings, parse_settings
+from .config import NAMESPACE, ServingSettings, StackSettings, parse_settings
+from .cuda import settings_problems
 from .errors import ConfigError, SettingError
 from .memory import MemoryPlan, plan_memory
-from .stack_config import RawConfig, from_files, namespace_settings, project_settings, stack_names
+from .stack_config import (
+    RawConfig,
+    from_files,
+    namespace_settings,
+    project_settings,
+    stack_names,
+)
 from .strategy import Layout, check_strategy, check_visible_gpus, layout_of
-from .unit import RenderedUnit, environment, render_environment, render_unit, unit_environment
+from .unit import (
+    RenderedUnit,
+    environment,
+    render_environment,
+    render_unit,
+    unit_environment,
+)
 
 
 @dataclass(frozen=True)
@@ -143,7 +156,6 @@ def project_environment(project: dict[str, Any]) -> dict[str, str]:
     """The variables Pulumi.yaml's `serving.environment` sets, as the settings read them (a bad
     value there is reported by the stack's own validation, which sees the same value)."""
     from pydantic import ValidationError
-    from .config import ServingSettings
     serving = project.get("serving")
     raw = serving.get("environment") if isinstance(serving, dict) else None
     try:
@@ -154,7 +166,6 @@ def project_environment(project: dict[str, Any]) -> dict[str, str]:
 
 def project_environment_dir(project: dict[str, Any]) -> str:
     """Pulumi.yaml's `serving.environmentDir`, or the default."""
-    from .config import ServingSettings
     serving = project.get("serving")
     value = serving.get("environmentDir") if isinstance(serving, dict) else None
     return value if isinstance(value, str) else ServingSettings.model_fields["environment_dir"].default
@@ -195,8 +206,6 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path) -> CheckedStack:
     preview` and `up` alike (issue 13.6): the config keys and secrets, every setting, SGLang's rules
     and the memory plan of every host, the CUDA source, and what ties this stack to the project's
     other stacks. Nothing here talks to a host. Raises `ConfigError` with every problem found."""
-    from .cuda import settings_problems  # imports pulumi: not needed to read the settings
-
     config, secrets, errors = namespace_settings(raw, stack)
     project = project_settings(project_dir)
     config = with_project_serving(config, project)
@@ -250,3 +259,9 @@ def same_machine_as_default(settings: StackSettings) -> list[str]:
             for i, h in enumerate(settings.hosts) if h.machine == settings.host.machine]
 
 
+def declared_layout(plan: ServingPlan) -> dict:
+    """What readiness compares with the server's /server_info."""
+    s = plan.settings
+    return {"tp_size": plan.layout.tp_size, "pp_size": plan.layout.pp_size, "ep_size": plan.layout.ep_size,
+            "dp_size": plan.layout.dp_size, "enable_dp_attention": plan.layout.enable_dp_attention,
+            "model_path": s.model.path, "served_model_name": s.model.served_name, "port": s.serving.port}

@@ -3,7 +3,7 @@
 Each provider's read is two halves: *build the request* (here: pure functions of the resource's
 props, importable without paramiko) and *run it* (`ssh.fetch`). The program uses the same
 builders to tell the provider process, in advance, which reads the later resources of a refresh
-will make (`components/prefetch.py: refresh_reads`), so that the host-facts resource can start
+will make (`refresh_reads` below), so that the host-facts resource can start
 them all at once on the connection it opens (`ssh.prefetch`), and the two can never disagree.
 
 A request is a dict:
@@ -20,9 +20,14 @@ into requests with `expand`, so no command text ever travels through the state.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ..facts import FACTS_SCRIPT
+from . import cuda, status, venv
+from .facts import FACTS_SCRIPT
+from .unit import UNIT_DIR
+
+if TYPE_CHECKING:
+    from .plan import ServingPlan
 
 # Timeout of the installers' read-only probes (cuda toolkit, venv, wheelhouse digests).
 PROBE_TIMEOUT = 120
@@ -137,17 +142,15 @@ def host_facts(props: dict) -> list[dict]:
 
 def cuda_toolkit(props: dict) -> list[dict]:
     """CudaToolkitProvider: nvcc, the package, its owner, the OS, in one command."""
-    from ..cuda import PROBE_SCRIPT
     package = props["aptPackage"].split("=", 1)[0]
-    return [command(["sh", "-c", PROBE_SCRIPT, "sh", props["home"], package], purpose="checking the CUDA toolkit",
+    return [command(["sh", "-c", cuda.PROBE_SCRIPT, "sh", props["home"], package], purpose="checking the CUDA toolkit",
                     timeout=PROBE_TIMEOUT, check=False)]
 
 
 def python_venv(props: dict) -> list[dict]:
     """PythonVenvProvider: the venv's python version and installed distributions."""
-    from ..venv import PROBE_SCRIPT
     path = props["path"]
-    return [command(["sh", "-c", PROBE_SCRIPT, "sh", path], purpose=f"checking the venv {path}",
+    return [command(["sh", "-c", venv.PROBE_SCRIPT, "sh", path], purpose=f"checking the venv {path}",
                     timeout=PROBE_TIMEOUT, check=False)]
 
 
@@ -170,8 +173,7 @@ def readiness(props: dict) -> list[dict]:
 def serving(with_environ: bool = False) -> dict:
     """What serves on the host (status.SERVING_SCRIPT): every gpu-serving unit, its stack, state and
     main process; `with_environ`: the processes' environments too (compared, never shown)."""
-    from ..status import SERVING_SCRIPT
-    return command(["sh", "-c", SERVING_SCRIPT, "sh", "environ" if with_environ else "-"],
+    return command(["sh", "-c", status.SERVING_SCRIPT, "sh", "environ" if with_environ else "-"],
                    purpose="reading what serves", timeout=60, check=True)
 
 
@@ -207,3 +209,29 @@ def expand(specs: Any) -> list[dict]:
         except (KeyError, TypeError, ValueError):
             continue
     return out
+
+
+# --- which reads a refresh of one host makes after its host facts ---------------------------
+
+def refresh_reads(plan: ServingPlan) -> list[dict]:
+    """The reads of the CUDA toolkit, the venv, the environment and unit files, the service and
+    readiness, in the order a refresh reaches them, for the host `plan.settings` describes.
+
+    The program passes this list to the host-facts resource (its `prefetch` prop): the provider
+    process starts these reads at once, on the connection it opens for the host facts, instead
+    of the engine waiting for them one dependent resource after the other
+    (components/remote/readcache.py says what is served and when it is not). Each entry is the
+    kind of a resource and the very props the program gives that resource, which its provider
+    turns into the request with the same builder (`BUILDERS`), so the two cannot disagree
+    (tests/test_prefetch.py checks it against what the program registers). Plain data: paths,
+    unit names, a port; no connection, no secret."""
+    s = plan.settings
+    unit = plan.unit.name
+    return [
+        spec("cuda-toolkit", {"home": s.cuda.home, "aptPackage": s.cuda.apt_package}),
+        spec("venv-packages", {"path": s.venv.path}),
+        spec("file", {"path": plan.unit.environment_path}),
+        spec("file", {"path": f"{UNIT_DIR}/{unit}"}),
+        spec("service", {"unit": unit}),
+        spec("readiness", {"unit": unit, "bind": s.serving.host, "port": s.serving.port}),
+    ]

@@ -6,7 +6,7 @@ project's environment (Pulumi.yaml), the same bytes from every stack; what one s
 the paths derived from its settings) are `Environment=` lines of its own unit, so no stack can
 change what another one runs with. A unit's text depends on its own stack's settings only, never
 on which other strategies exist: exclusivity is enforced when switching, from the units the host
-has (components/switch.py). Output is deterministic (same settings, same bytes): the text is a
+has (components/core/switch.py). Output is deterministic (same settings, same bytes): the text is a
 Pulumi input, and a stable text is what makes the preview diff show only real changes.
 """
 from __future__ import annotations
@@ -17,8 +17,11 @@ from dataclasses import dataclass
 from .config import ENV_KEY, NAMESPACE, StackSettings
 from .errors import ConfigError, SettingError, shown
 
+# Where the units are written (systemd's directory for the administrator's units).
+UNIT_DIR = "/etc/systemd/system"
+
 # A [Unit] key systemd ignores (X- prefix) that marks a unit as a gpu-serving serving unit and names
-# its stack: a switch finds every strategy on the host by it (components/switch.py).
+# its stack: a switch finds every strategy on the host by it (components/core/switch.py).
 MARKER_KEY = "X-GpuServing-Stack"
 
 # Values that systemd's command-line splitting passes through untouched.

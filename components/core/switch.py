@@ -13,10 +13,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .facts import split_sections
-from .remote.reads import SERVICE_PROPS
-from .unit import MARKER_KEY
+from .reads import SERVICE_PROPS
+from .unit import MARKER_KEY, UNIT_DIR
 
-UNIT_DIR = "/etc/systemd/system"
 # Units written before the marker key carry only this header; both are recognised.
 MANAGED_HEADER = "# Managed by gpu-serving (stack "
 

@@ -286,20 +286,17 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def from_engine() -> RawConfig:
-    """Every config key of the running program (the engine passes them all, in PULUMI_CONFIG, or
-    pulumi.runtime.set_all_config under mocks), and which are secrets."""
-    from pulumi.runtime import config as runtime
-
-    values = {**runtime.get_config_env(), **runtime.CONFIG.get()}
-    env_secrets = set(runtime.get_config_secret_keys_env())
+def from_engine(values: dict[str, Any], secret_keys: set[str]) -> RawConfig:
+    """Every config key of the running program, as the engine passes them (components/program.py
+    reads them from the SDK: PULUMI_CONFIG, or pulumi.runtime.set_all_config under mocks), and
+    which are secrets."""
     raw = RawConfig()
     credentials = {f"{NAMESPACE}:{k}" for k in SECRET_KEYS}
     for key, value in values.items():
         # A credential is text as given (pulumi.Config.get_secret), never read as JSON.
         raw.values[key] = value if key in credentials else _decode(value)
         raw.origin[key] = "the stack's config"
-        if key in env_secrets or runtime.is_config_secret(key):
+        if key in secret_keys:
             raw.secret_keys.add(key)
     return raw
 

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .readiness import flag_groups
-from .unit import MARKER_KEY
+from .unit import MARKER_KEY, UNIT_DIR
 
-UNIT_DIR = "/etc/systemd/system"
 SUPERSEDED = "superseded: "
 
 # $1: "environ" to read the running processes' environments too (a provider comparing them with
