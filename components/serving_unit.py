@@ -8,10 +8,32 @@ from typing import Optional
 import pulumi
 
 from .core import readiness as R
+from .core import status as S
 from .core.plan import ServingPlan, declared_layout
 from .core.unit import UNIT_DIR
 from .gpu_host import GpuHost
 from .resources import RemoteFile, Service
+
+
+def _destroy_warning_hook(prefix: str, plan: ServingPlan, host: GpuHost) -> pulumi.ResourceHook:
+    """Warns in a destroy's *preview* that nothing will serve afterwards. Pulumi calls no provider
+    code there; a delete hook runs in the program, which the destroy runs because hooks are
+    bound (scripts/env.sh sets PULUMI_RUN_PROGRAM=true; a bare `pulumi destroy` asks for
+    `--run-program`). The destroy itself warns from the provider's delete, so the hook keeps to
+    previews."""
+    where = f"hosts[{prefix[:-1]}] ({host.address})" if prefix else host.address
+
+    def warn(args: pulumi.ResourceHookArgs) -> None:
+        if not pulumi.runtime.is_dry_run():
+            return
+        message = S.destroy_warning(unit=plan.unit.name, stack=plan.settings.stack, where=where,
+                                    outputs=dict(args.old_outputs or {}))
+        if message:
+            pulumi.log.warn(message)
+
+    # ignore_errors: a warning must never be what keeps a stack from being destroyed.
+    return pulumi.ResourceHook(f"{prefix}destroy-leaves-nothing-serving", warn,
+                               pulumi.ResourceHookOptions(on_dry_run=True, ignore_errors=True))
 
 
 class ServingUnit(pulumi.ComponentResource):
@@ -67,7 +89,9 @@ class ServingUnit(pulumi.ComponentResource):
             "secretEnvironment": secret_environment if secret_environment is not None else {},
             "stack": s.stack,
             **entry,
-        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.environment_file, self.unit_file])))
+        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+            depends_on=[self.environment_file, self.unit_file],
+            hooks=pulumi.ResourceHookBinding(before_delete=[_destroy_warning_hook(prefix, plan, host)]))))
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport
         self.register_outputs({"unit": self.unit_name, "active": self.active})

@@ -67,3 +67,14 @@ def test_file_drift_never_shows_values_of_a_file_that_may_hold_secrets():
 
 def test_uptime_words():
     assert [S.describe_uptime(s) for s in (None, 5, 75, 3700, 90000)] == ["?", "5s", "1m15s", "1h01m", "1d01h"]
+
+
+def test_a_destroy_preview_warns_only_when_the_stack_serves():
+    serving = {"active": True, "runningServer": "as declared"}
+    said = S.destroy_warning(unit="sglang-kimi-ep8.service", stack="ep8", where="10.213.1.2", outputs=serving)
+    assert said.startswith("destroying stack ep8 stops sglang-kimi-ep8.service, which serves on 10.213.1.2 now")
+    assert "nothing will serve on 10.213.1.2 afterwards" in said and "pulumi up --stack" in said
+    # Stopped, superseded by another stack, or a state without outputs: the destroy takes nothing away.
+    for outputs in ({"active": False}, {"active": True, "runningServer": "superseded: x.service (stack tp8) serves"},
+                    {}, None, {"active": "true"}):
+        assert S.destroy_warning(unit="u.service", stack="ep8", where="h", outputs=outputs) is None, outputs

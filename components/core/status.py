@@ -198,6 +198,17 @@ def superseded_by(unit: str, host: HostServing) -> Optional[str]:
     return f"{SUPERSEDED}{u.name} ({_stack_of(u)}) serves since {u.since or 'an unknown time'}"
 
 
+def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict]) -> Optional[str]:
+    """What a destroy's preview says when the stack's unit serves (its `active` output, as the
+    refresh before the preview read it): nothing will serve on that host afterwards. None when
+    it does not serve (a superseded or stopped stack: its destroy takes nothing away)."""
+    if not isinstance(outputs, dict) or outputs.get("active") is not True or is_superseded(outputs.get("runningServer")):
+        return None
+    return (f"destroying stack {stack} stops {unit}, which serves on {where} now (as this run's refresh read it): "
+            f"nothing will serve on {where} afterwards. To keep serving, deploy another strategy stack first "
+            "(`pulumi up --stack <strategy>`: the switch stops this one).")
+
+
 def is_superseded(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(SUPERSEDED)
 

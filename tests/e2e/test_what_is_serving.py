@@ -150,6 +150,17 @@ def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
 def test_destroying_the_serving_stack_says_nothing_serves(deployment):
     d = deployment
     assert d.stack("ep8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    # The preview already says it (a delete hook: Pulumi runs no provider code in a destroy's
+    # preview), and only for the stack that serves: tp8 is superseded, its destroy takes nothing.
+    warning = "which serves on "
+    ahead: list[str] = []
+    preview = d.stack("ep8").preview_destroy(on_output=ahead.append)
+    said = "\n".join(ahead) + "\n" + preview.stderr
+    assert f"destroying stack ep8 stops {EP8}, {warning}" in said and "nothing will serve on " in said, said[-3000:]
+    quiet: list[str] = []
+    other = d.stack("tp8").preview_destroy(on_output=quiet.append)
+    assert warning not in "\n".join(quiet) + other.stderr
+    assert d.sh(f"systemctl is-active {EP8}").strip() == "active"  # a preview stops nothing
     lines: list[str] = []
     result = d.stack("ep8").destroy(on_output=lines.append)
     text = "\n".join(lines) + "\n" + result.stderr
