@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -130,6 +131,19 @@ def test_nvidia_smi_answers_from_the_profile(rehearsal_host):
     # The profile is the one named in host.json, at the documented path.
     assert json.loads(ok(rehearsal_host, "cat /etc/rehearsal/gpu-profile.json")) == profile
     assert ok(rehearsal_host, "command -v nvidia-smi").strip() == "/usr/bin/nvidia-smi"
+    # -q -x reads its <gpu> template from a data file next to the script: the mount carries it,
+    # so the host answers what the stand-in answers here (but for the clock line).
+    local = subprocess.run(
+        [sys.executable, str(REPO / "rehearsal/gpu/nvidia_smi.py"), "-q", "-x"], capture_output=True,
+        text=True, check=True, timeout=30,
+        env={**os.environ, "REHEARSAL_GPU_PROFILE": str(REPO / "rehearsal/gpu/profiles/rtx-pro-6000-8.json"),
+             "REHEARSAL_GPU_STATE_DIR": "/nonexistent-rehearsal-state"}).stdout
+
+    def clockless(xml: str) -> list[str]:
+        return [line for line in xml.splitlines() if "<timestamp>" not in line]
+    remote_xml = ok(rehearsal_host, "nvidia-smi -q -x")
+    assert "<product_name>NVIDIA RTX PRO 6000" in remote_xml
+    assert clockless(remote_xml) == clockless(local)
 
 
 def test_model_stand_in_is_mounted_read_only(rehearsal_host):
