@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rehearsal import host
+from rehearsal import host, machine
 
 pytestmark = pytest.mark.rehearsal
 
@@ -221,8 +221,8 @@ def test_down_leaves_nothing_behind(rehearsal_host_factory):
     assert f"{info.veth}@" not in links()
     mounts = proc_mounts()
     assert idir not in mounts and f"/run/netns/{info.netns}" not in mounts
-    assert not Path(f"/proc/{info.pid}").exists() or host._proc_state(info.pid) in ("Z", "X")
-    assert host.pids_in_pidns(info.pidns) == []
+    assert not Path(f"/proc/{info.pid}").exists() or machine._proc_state(info.pid) in ("Z", "X")
+    assert machine.pids_in_pidns(info.pidns) == []
     assert not Path(idir).exists() and not Path(info.state_dir).exists()
     assert host.status(info.name).state == "absent"
     assert took < 30
@@ -240,11 +240,11 @@ def test_up_cleans_up_after_a_crash(rehearsal_host_factory):
     again = host.up(info.name)
 
     assert again.pid != info.pid
-    assert host.pids_in_pidns(info.pidns) == []  # the orphaned container was killed
+    assert machine.pids_in_pidns(info.pidns) == []  # the orphaned container was killed
     assert ok(again, "cat /etc/pt-crash-marker").strip() == "survived"
     assert mounts_count(again.instance_dir) == 1
     host.down(info.name)
-    assert host.pids_in_pidns(again.pidns) == []
+    assert machine.pids_in_pidns(again.pidns) == []
     assert not Path("/run/netns", info.netns).exists()
 
 
@@ -282,6 +282,6 @@ def test_failed_boot_is_cleaned_up(rehearsal_host_factory):
     assert host.status(info.name).state == "stopped"
     assert not Path("/run/netns", info.netns).exists()
     assert f"{info.veth}@" not in links() and info.instance_dir not in proc_mounts()
-    assert host.container_pids(info.name) == []
+    assert machine.container_pids(info.name) == []
     again = host.up(info.name)  # and the next up works
     assert ok(again, "systemctl is-system-running").strip() in ("running", "degraded")
