@@ -51,13 +51,13 @@ def _reap_abandoned_test_hosts() -> None:
 
 
 def _check_can_boot() -> None:
-    from rehearsal import host
+    from rehearsal import common
 
     if os.geteuid() != 0:
         pytest.fail("rehearsal hosts need root (systemd-nspawn, mounts, network namespaces)")
     try:
-        host._require_tools()
-    except host.RehearsalError as exc:
+        common.require_tools()
+    except common.RehearsalError as exc:
         pytest.fail(str(exc))
 
 

@@ -182,9 +182,9 @@ def nsenter(host, *argv: str, timeout: float = 60) -> subprocess.CompletedProces
 
 def container_pids(host, comm: str, cmdline: str = "") -> list[int]:
     """PIDs (as seen from the test machine) of the rehearsal host's processes named `comm`."""
-    from rehearsal import host as H
+    from rehearsal import machine
     pids = []
-    for pid in H.container_pids(host.name):
+    for pid in machine.container_pids(host.name):
         try:
             c = Path(f"/proc/{pid}/comm").read_text().strip()
             line = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")

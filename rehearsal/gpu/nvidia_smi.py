@@ -20,7 +20,8 @@ What it answers (everything else gets the real tool's "Invalid combination" erro
 Like the real tool it ignores CUDA_VISIBLE_DEVICES and always lists every GPU.
 Memory used by a running rehearsal engine is read from ``$REHEARSAL_GPU_STATE_DIR`` (default
 /run/rehearsal-gpu): each engine writes ``used-<pid>.json``; files of dead processes are ignored.
-Stdlib only: it runs with the host's python3 and nothing else.
+Stdlib only: it runs with the host's python3 and nothing else. `-q -x` fills the <gpu> template
+in nvidia_smi_gpu.xml.template, which must sit beside this file.
 """
 from __future__ import annotations
 
@@ -102,6 +103,10 @@ GPU_DEFAULTS = {
 
 class ProfileError(Exception):
     pass
+
+
+class StandInError(Exception):
+    """A file of the stand-in itself is missing: answered like a host without a driver."""
 
 
 # --------------------------------------------------------------------------- profile
@@ -465,6 +470,7 @@ def render_xml(profile: dict, used: dict[int, int], processes: list[dict], now: 
             "\t<cuda_version>%s</cuda_version>\n\t<attached_gpus>%d</attached_gpus>\n") % (
         time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(now)), profile["driver_version"],
         profile["cuda_version"], len(profile["gpus"]))
+    template = _xml_gpu_template()
     body = ""
     for gpu in profile["gpus"]:
         total, reserved, mem_used, free = memory(gpu, used.get(gpu["index"], 0))
@@ -486,7 +492,7 @@ def render_xml(profile: dict, used: dict[int, int], processes: list[dict], now: 
             memory_power="N/A" if gpu["memory_power_draw_w"] is None
             else "%.2f W" % float(gpu["memory_power_draw_w"]),
         )
-        body += XML_GPU.format(**values)
+        body += template.format(**values)
         body += _xml_clocks(gpu)
         body += _xml_processes([p for p in processes if p["gpu"] == gpu["index"]])
         body += ("\t\t<accounted_processes>\n\t\t</accounted_processes>\n"
@@ -499,313 +505,18 @@ def _xml_fan(value) -> str:
 
 
 # One <gpu> element of `nvidia-smi -q -x` up to <supported_clocks>, in the order and nesting of
-# the driver 580 capture (tests/data/nvidia/h200-1gpu/nvidia-smi-q.xml).
-XML_GPU = """\t<gpu id="{pci_bus_id}">
-\t\t<product_name>{name}</product_name>
-\t\t<product_brand>{product_brand}</product_brand>
-\t\t<product_architecture>{architecture}</product_architecture>
-\t\t<display_mode>Requested functionality has been deprecated</display_mode>
-\t\t<display_attached>{display_attached}</display_attached>
-\t\t<display_active>{display_active}</display_active>
-\t\t<persistence_mode>{persistence}</persistence_mode>
-\t\t<addressing_mode>None</addressing_mode>
-\t\t<mig_mode>
-\t\t\t<current_mig>{mig_mode}</current_mig>
-\t\t\t<pending_mig>{mig_mode}</pending_mig>
-\t\t</mig_mode>
-\t\t<mig_devices>
-\t\t\tNone
-\t\t</mig_devices>
-\t\t<accounting_mode>Disabled</accounting_mode>
-\t\t<accounting_mode_buffer_size>4000</accounting_mode_buffer_size>
-\t\t<driver_model>
-\t\t\t<current_dm>N/A</current_dm>
-\t\t\t<pending_dm>N/A</pending_dm>
-\t\t</driver_model>
-\t\t<serial>{serial}</serial>
-\t\t<uuid>{uuid}</uuid>
-\t\t<pdi>{pdi}</pdi>
-\t\t<minor_number>{minor_number}</minor_number>
-\t\t<vbios_version>{vbios_version}</vbios_version>
-\t\t<multigpu_board>No</multigpu_board>
-\t\t<board_id>{board_id}</board_id>
-\t\t<board_part_number>{board_part_number}</board_part_number>
-\t\t<gpu_part_number>{gpu_part_number}</gpu_part_number>
-\t\t<gpu_fru_part_number>N/A</gpu_fru_part_number>
-\t\t<platformInfo>
-\t\t\t<chassis_serial_number>N/A</chassis_serial_number>
-\t\t\t<slot_number>N/A</slot_number>
-\t\t\t<tray_index>N/A</tray_index>
-\t\t\t<host_id>N/A</host_id>
-\t\t\t<peer_type>N/A</peer_type>
-\t\t\t<module_id>{module_id}</module_id>
-\t\t\t<gpu_fabric_guid>N/A</gpu_fabric_guid>
-\t\t</platformInfo>
-\t\t<inforom_version>
-\t\t\t<img_version>{inforom_img_version}</img_version>
-\t\t\t<oem_object>2.1</oem_object>
-\t\t\t<ecc_object>7.16</ecc_object>
-\t\t\t<pwr_object>N/A</pwr_object>
-\t\t</inforom_version>
-\t\t<inforom_bbx_flush>
-\t\t\t<latest_timestamp>N/A</latest_timestamp>
-\t\t\t<latest_duration>N/A</latest_duration>
-\t\t</inforom_bbx_flush>
-\t\t<gpu_operation_mode>
-\t\t\t<current_gom>N/A</current_gom>
-\t\t\t<pending_gom>N/A</pending_gom>
-\t\t</gpu_operation_mode>
-\t\t<c2c_mode>Disabled</c2c_mode>
-\t\t<gpu_virtualization_mode>
-\t\t\t<virtualization_mode>{virtualization_mode}</virtualization_mode>
-\t\t\t<host_vgpu_mode>N/A</host_vgpu_mode>
-\t\t\t<vgpu_heterogeneous_mode>N/A</vgpu_heterogeneous_mode>
-\t\t</gpu_virtualization_mode>
-\t\t<gpu_recovery_action>None</gpu_recovery_action>
-\t\t<gsp_firmware_version>{gsp_firmware_version}</gsp_firmware_version>
-\t\t<ibmnpu>
-\t\t\t<relaxed_ordering_mode>N/A</relaxed_ordering_mode>
-\t\t</ibmnpu>
-\t\t<pci>
-\t\t\t<pci_bus>{pci_bus}</pci_bus>
-\t\t\t<pci_device>{pci_device}</pci_device>
-\t\t\t<pci_domain>{pci_domain}</pci_domain>
-\t\t\t<pci_base_class>3</pci_base_class>
-\t\t\t<pci_sub_class>2</pci_sub_class>
-\t\t\t<pci_device_id>{pci_device_id}</pci_device_id>
-\t\t\t<pci_bus_id>{pci_bus_id}</pci_bus_id>
-\t\t\t<pci_sub_system_id>{pci_sub_system_id}</pci_sub_system_id>
-\t\t\t<pci_gpu_link_info>
-\t\t\t\t<pcie_gen>
-\t\t\t\t\t<max_link_gen>{pcie_gen_max}</max_link_gen>
-\t\t\t\t\t<current_link_gen>{pcie_gen_current}</current_link_gen>
-\t\t\t\t\t<device_current_link_gen>{pcie_gen_current}</device_current_link_gen>
-\t\t\t\t\t<max_device_link_gen>{pcie_gen_max}</max_device_link_gen>
-\t\t\t\t\t<max_host_link_gen>N/A</max_host_link_gen>
-\t\t\t\t</pcie_gen>
-\t\t\t\t<link_widths>
-\t\t\t\t\t<max_link_width>{pcie_width_max}x</max_link_width>
-\t\t\t\t\t<current_link_width>{pcie_width_current}x</current_link_width>
-\t\t\t\t</link_widths>
-\t\t\t</pci_gpu_link_info>
-\t\t\t<pci_bridge_chip>
-\t\t\t\t<bridge_chip_type>N/A</bridge_chip_type>
-\t\t\t\t<bridge_chip_fw>N/A</bridge_chip_fw>
-\t\t\t</pci_bridge_chip>
-\t\t\t<replay_counter>0</replay_counter>
-\t\t\t<replay_rollover_counter>0</replay_rollover_counter>
-\t\t\t<tx_util>{pcie_tx_util}</tx_util>
-\t\t\t<rx_util>{pcie_rx_util}</rx_util>
-\t\t\t<atomic_caps_outbound>N/A</atomic_caps_outbound>
-\t\t\t<atomic_caps_inbound>N/A</atomic_caps_inbound>
-\t\t</pci>
-\t\t<fan_speed>{fan}</fan_speed>
-\t\t<performance_state>{perf_state}</performance_state>
-\t\t<clocks_event_reasons>
-\t\t\t<clocks_event_reason_gpu_idle>Not Active</clocks_event_reason_gpu_idle>
-\t\t\t<clocks_event_reason_applications_clocks_setting>Not Active</clocks_event_reason_applications_clocks_setting>
-\t\t\t<clocks_event_reason_sw_power_cap>Not Active</clocks_event_reason_sw_power_cap>
-\t\t\t<clocks_event_reason_hw_slowdown>Not Active</clocks_event_reason_hw_slowdown>
-\t\t\t<clocks_event_reason_hw_thermal_slowdown>Not Active</clocks_event_reason_hw_thermal_slowdown>
-\t\t\t<clocks_event_reason_hw_power_brake_slowdown>Not Active</clocks_event_reason_hw_power_brake_slowdown>
-\t\t\t<clocks_event_reason_sync_boost>Not Active</clocks_event_reason_sync_boost>
-\t\t\t<clocks_event_reason_sw_thermal_slowdown>Not Active</clocks_event_reason_sw_thermal_slowdown>
-\t\t\t<clocks_event_reason_display_clocks_setting>Not Active</clocks_event_reason_display_clocks_setting>
-\t\t</clocks_event_reasons>
-\t\t<clocks_event_reasons_counters>
-\t\t\t<clocks_event_reasons_counters_sw_power_cap>0 us</clocks_event_reasons_counters_sw_power_cap>
-\t\t\t<clocks_event_reasons_counters_sync_boost>0 us</clocks_event_reasons_counters_sync_boost>
-\t\t\t<clocks_event_reasons_counters_sw_therm_slowdown>0 us</clocks_event_reasons_counters_sw_therm_slowdown>
-\t\t\t<clocks_event_reasons_counters_hw_therm_slowdown>0 us</clocks_event_reasons_counters_hw_therm_slowdown>
-\t\t\t<clocks_event_reasons_counters_hw_power_brake>0 us</clocks_event_reasons_counters_hw_power_brake>
-\t\t</clocks_event_reasons_counters>
-\t\t<sparse_operation_mode>Disabled</sparse_operation_mode>
-\t\t<fb_memory_usage>
-\t\t\t<total>{total} MiB</total>
-\t\t\t<reserved>{reserved} MiB</reserved>
-\t\t\t<used>{used} MiB</used>
-\t\t\t<free>{free} MiB</free>
-\t\t</fb_memory_usage>
-\t\t<bar1_memory_usage>
-\t\t\t<total>{bar1_total_mib} MiB</total>
-\t\t\t<used>{bar1_used_mib} MiB</used>
-\t\t\t<free>{bar1_free} MiB</free>
-\t\t</bar1_memory_usage>
-\t\t<cc_protected_memory_usage>
-\t\t\t<total>0 MiB</total>
-\t\t\t<used>0 MiB</used>
-\t\t\t<free>0 MiB</free>
-\t\t</cc_protected_memory_usage>
-\t\t<compute_mode>{compute_mode}</compute_mode>
-\t\t<utilization>
-\t\t\t<gpu_util>{utilization_gpu} %</gpu_util>
-\t\t\t<memory_util>{utilization_memory} %</memory_util>
-\t\t\t<encoder_util>0 %</encoder_util>
-\t\t\t<decoder_util>0 %</decoder_util>
-\t\t\t<jpeg_util>0 %</jpeg_util>
-\t\t\t<ofa_util>0 %</ofa_util>
-\t\t</utilization>
-\t\t<encoder_stats>
-\t\t\t<session_count>0</session_count>
-\t\t\t<average_fps>0</average_fps>
-\t\t\t<average_latency>0</average_latency>
-\t\t</encoder_stats>
-\t\t<fbc_stats>
-\t\t\t<session_count>0</session_count>
-\t\t\t<average_fps>0</average_fps>
-\t\t\t<average_latency>0</average_latency>
-\t\t</fbc_stats>
-\t\t<dram_encryption_mode>
-\t\t\t<current_dram_encryption>N/A</current_dram_encryption>
-\t\t\t<pending_dram_encryption>N/A</pending_dram_encryption>
-\t\t</dram_encryption_mode>
-\t\t<ecc_mode>
-\t\t\t<current_ecc>{ecc_mode}</current_ecc>
-\t\t\t<pending_ecc>{ecc_mode}</pending_ecc>
-\t\t</ecc_mode>
-\t\t<ecc_errors>
-\t\t\t<volatile>
-\t\t\t\t<sram_correctable>0</sram_correctable>
-\t\t\t\t<sram_uncorrectable_parity>0</sram_uncorrectable_parity>
-\t\t\t\t<sram_uncorrectable_secded>0</sram_uncorrectable_secded>
-\t\t\t\t<dram_correctable>0</dram_correctable>
-\t\t\t\t<dram_uncorrectable>0</dram_uncorrectable>
-\t\t\t</volatile>
-\t\t\t<aggregate>
-\t\t\t\t<sram_correctable>0</sram_correctable>
-\t\t\t\t<sram_uncorrectable_parity>0</sram_uncorrectable_parity>
-\t\t\t\t<sram_uncorrectable_secded>0</sram_uncorrectable_secded>
-\t\t\t\t<dram_correctable>0</dram_correctable>
-\t\t\t\t<dram_uncorrectable>0</dram_uncorrectable>
-\t\t\t\t<sram_threshold_exceeded>No</sram_threshold_exceeded>
-\t\t\t</aggregate>
-\t\t\t<aggregate_uncorrectable_sram_sources>
-\t\t\t\t<sram_l2>0</sram_l2>
-\t\t\t\t<sram_sm>0</sram_sm>
-\t\t\t\t<sram_microcontroller>0</sram_microcontroller>
-\t\t\t\t<sram_pcie>0</sram_pcie>
-\t\t\t\t<sram_other>0</sram_other>
-\t\t\t</aggregate_uncorrectable_sram_sources>
-\t\t\t<channel_repair_pending>No</channel_repair_pending>
-\t\t\t<tpc_repair_pending>No</tpc_repair_pending>
-\t\t\t<unrepairable_memory>No</unrepairable_memory>
-\t\t</ecc_errors>
-\t\t<retired_pages>
-\t\t\t<multiple_single_bit_retirement>
-\t\t\t\t<retired_count>N/A</retired_count>
-\t\t\t\t<retired_pagelist>N/A</retired_pagelist>
-\t\t\t</multiple_single_bit_retirement>
-\t\t\t<double_bit_retirement>
-\t\t\t\t<retired_count>N/A</retired_count>
-\t\t\t\t<retired_pagelist>N/A</retired_pagelist>
-\t\t\t</double_bit_retirement>
-\t\t\t<pending_blacklist>N/A</pending_blacklist>
-\t\t\t<pending_retirement>N/A</pending_retirement>
-\t\t</retired_pages>
-\t\t<remapped_rows>
-\t\t\t<remapped_row_corr>0</remapped_row_corr>
-\t\t\t<remapped_row_corr_inactive>0</remapped_row_corr_inactive>
-\t\t\t<remapped_row_unc>0</remapped_row_unc>
-\t\t\t<remapped_row_unc_inactive>0</remapped_row_unc_inactive>
-\t\t\t<remapped_row_pending>No</remapped_row_pending>
-\t\t\t<remapped_row_failure>No</remapped_row_failure>
-\t\t\t<row_remapper_histogram>
-\t\t\t\t<row_remapper_histogram_max>3072 bank(s)</row_remapper_histogram_max>
-\t\t\t\t<row_remapper_histogram_high>0 bank(s)</row_remapper_histogram_high>
-\t\t\t\t<row_remapper_histogram_partial>0 bank(s)</row_remapper_histogram_partial>
-\t\t\t\t<row_remapper_histogram_low>0 bank(s)</row_remapper_histogram_low>
-\t\t\t\t<row_remapper_histogram_none>0 bank(s)</row_remapper_histogram_none>
-\t\t\t</row_remapper_histogram>
-\t\t</remapped_rows>
-\t\t<temperature>
-\t\t\t<gpu_temp>{temperature_c} C</gpu_temp>
-\t\t\t<gpu_temp_tlimit>48 C</gpu_temp_tlimit>
-\t\t\t<gpu_temp_max_tlimit_threshold>-8 C</gpu_temp_max_tlimit_threshold>
-\t\t\t<gpu_temp_slow_tlimit_threshold>-2 C</gpu_temp_slow_tlimit_threshold>
-\t\t\t<gpu_temp_max_gpu_tlimit_threshold>0 C</gpu_temp_max_gpu_tlimit_threshold>
-\t\t\t<gpu_target_temperature>N/A</gpu_target_temperature>
-\t\t\t<memory_temp>{memory_temperature_c} C</memory_temp>
-\t\t\t<gpu_temp_max_mem_tlimit_threshold>0 C</gpu_temp_max_mem_tlimit_threshold>
-\t\t</temperature>
-\t\t<supported_gpu_target_temp>
-\t\t\t<gpu_target_temp_min>N/A</gpu_target_temp_min>
-\t\t\t<gpu_target_temp_max>N/A</gpu_target_temp_max>
-\t\t</supported_gpu_target_temp>
-\t\t<gpu_power_readings>
-\t\t\t<power_state>{perf_state}</power_state>
-\t\t\t<average_power_draw>{power_avg}</average_power_draw>
-\t\t\t<instant_power_draw>{power_draw}</instant_power_draw>
-\t\t\t<current_power_limit>{power_limit}</current_power_limit>
-\t\t\t<requested_power_limit>{power_limit}</requested_power_limit>
-\t\t\t<default_power_limit>{power_limit}</default_power_limit>
-\t\t\t<min_power_limit>{power_min}</min_power_limit>
-\t\t\t<max_power_limit>{power_max}</max_power_limit>
-\t\t</gpu_power_readings>
-\t\t<gpu_memory_power_readings>
-\t\t\t<average_power_draw>{memory_power}</average_power_draw>
-\t\t\t<instant_power_draw>N/A</instant_power_draw>
-\t\t</gpu_memory_power_readings>
-\t\t<module_power_readings>
-\t\t\t<power_state>{perf_state}</power_state>
-\t\t\t<average_power_draw>N/A</average_power_draw>
-\t\t\t<instant_power_draw>N/A</instant_power_draw>
-\t\t\t<current_power_limit>N/A</current_power_limit>
-\t\t\t<requested_power_limit>N/A</requested_power_limit>
-\t\t\t<default_power_limit>N/A</default_power_limit>
-\t\t\t<min_power_limit>N/A</min_power_limit>
-\t\t\t<max_power_limit>N/A</max_power_limit>
-\t\t</module_power_readings>
-\t\t<power_smoothing>N/A</power_smoothing>
-\t\t<power_profiles>
-\t\t\t<power_profile_requested_profiles>N/A</power_profile_requested_profiles>
-\t\t\t<power_profile_enforced_profiles>N/A</power_profile_enforced_profiles>
-\t\t</power_profiles>
-\t\t<clocks>
-\t\t\t<graphics_clock>{clocks_graphics_mhz} MHz</graphics_clock>
-\t\t\t<sm_clock>{clocks_sm_mhz} MHz</sm_clock>
-\t\t\t<mem_clock>{clocks_mem_mhz} MHz</mem_clock>
-\t\t\t<video_clock>{clocks_video_mhz} MHz</video_clock>
-\t\t</clocks>
-\t\t<applications_clocks>
-\t\t\t<graphics_clock>{clocks_max_graphics_mhz} MHz</graphics_clock>
-\t\t\t<mem_clock>{clocks_max_mem_mhz} MHz</mem_clock>
-\t\t</applications_clocks>
-\t\t<default_applications_clocks>
-\t\t\t<graphics_clock>{clocks_max_graphics_mhz} MHz</graphics_clock>
-\t\t\t<mem_clock>{clocks_max_mem_mhz} MHz</mem_clock>
-\t\t</default_applications_clocks>
-\t\t<deferred_clocks>
-\t\t\t<mem_clock>N/A</mem_clock>
-\t\t</deferred_clocks>
-\t\t<max_clocks>
-\t\t\t<graphics_clock>{clocks_max_graphics_mhz} MHz</graphics_clock>
-\t\t\t<sm_clock>{clocks_max_sm_mhz} MHz</sm_clock>
-\t\t\t<mem_clock>{clocks_max_mem_mhz} MHz</mem_clock>
-\t\t\t<video_clock>{clocks_max_video_mhz} MHz</video_clock>
-\t\t</max_clocks>
-\t\t<max_customer_boost_clocks>
-\t\t\t<graphics_clock>{clocks_max_graphics_mhz} MHz</graphics_clock>
-\t\t</max_customer_boost_clocks>
-\t\t<clock_policy>
-\t\t\t<auto_boost>N/A</auto_boost>
-\t\t\t<auto_boost_default>N/A</auto_boost_default>
-\t\t</clock_policy>
-\t\t<fabric>
-\t\t\t<state>N/A</state>
-\t\t\t<status>N/A</status>
-\t\t\t<cliqueId>N/A</cliqueId>
-\t\t\t<clusterUuid>N/A</clusterUuid>
-\t\t\t<health>
-\t\t\t\t<summary>N/A</summary>
-\t\t\t\t<bandwidth>N/A</bandwidth>
-\t\t\t\t<route_recovery_in_progress>N/A</route_recovery_in_progress>
-\t\t\t\t<route_unhealthy>N/A</route_unhealthy>
-\t\t\t\t<access_timeout_recovery>N/A</access_timeout_recovery>
-\t\t\t\t<incorrect_configuration>N/A</incorrect_configuration>
-\t\t\t\t<partition_assigned>N/A</partition_assigned>
-\t\t\t</health>
-\t\t</fabric>
-"""
+# the driver 580 capture (tests/data/nvidia/h200-1gpu/nvidia-smi-q.xml): a str.format template
+# in a data file next to this script, so the whole directory is what goes onto a host.
+XML_GPU_TEMPLATE = os.path.join(os.path.dirname(os.path.realpath(__file__)), "nvidia_smi_gpu.xml.template")
+
+
+def _xml_gpu_template() -> str:
+    try:
+        with open(XML_GPU_TEMPLATE, encoding="utf-8", newline="") as f:
+            return f.read()
+    except OSError as exc:
+        raise StandInError(f"rehearsal nvidia-smi: cannot read the -q -x template {XML_GPU_TEMPLATE} ({exc}): "
+                           "keep nvidia_smi_gpu.xml.template in the same directory as nvidia_smi.py")
 
 
 # --------------------------------------------------------------------------- command line
@@ -926,7 +637,13 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write("rehearsal nvidia-smi: only the XML form of -q is simulated (use -q -x)\n")
             out.write(BAD_ARGS)
             return EXIT_BAD_ARGS
-        out.write(render_xml(shown, used, processes, now))
+        try:
+            text = render_xml(shown, used, processes, now)
+        except StandInError as exc:
+            sys.stdout.write(NO_DRIVER)
+            sys.stderr.write(str(exc) + "\n")
+            return EXIT_NO_DRIVER
+        out.write(text)
         return 0
     if flags or "format" in opts:
         out.write(BAD_ARGS)

@@ -7,12 +7,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from rehearsal import host
+from rehearsal import host, machine
 
 pytestmark = pytest.mark.rehearsal
 
@@ -130,6 +131,19 @@ def test_nvidia_smi_answers_from_the_profile(rehearsal_host):
     # The profile is the one named in host.json, at the documented path.
     assert json.loads(ok(rehearsal_host, "cat /etc/rehearsal/gpu-profile.json")) == profile
     assert ok(rehearsal_host, "command -v nvidia-smi").strip() == "/usr/bin/nvidia-smi"
+    # -q -x reads its <gpu> template from a data file next to the script: the mount carries it,
+    # so the host answers what the stand-in answers here (but for the clock line).
+    local = subprocess.run(
+        [sys.executable, str(REPO / "rehearsal/gpu/nvidia_smi.py"), "-q", "-x"], capture_output=True,
+        text=True, check=True, timeout=30,
+        env={**os.environ, "REHEARSAL_GPU_PROFILE": str(REPO / "rehearsal/gpu/profiles/rtx-pro-6000-8.json"),
+             "REHEARSAL_GPU_STATE_DIR": "/nonexistent-rehearsal-state"}).stdout
+
+    def clockless(xml: str) -> list[str]:
+        return [line for line in xml.splitlines() if "<timestamp>" not in line]
+    remote_xml = ok(rehearsal_host, "nvidia-smi -q -x")
+    assert "<product_name>NVIDIA RTX PRO 6000" in remote_xml
+    assert clockless(remote_xml) == clockless(local)
 
 
 def test_model_stand_in_is_mounted_read_only(rehearsal_host):
@@ -207,8 +221,8 @@ def test_down_leaves_nothing_behind(rehearsal_host_factory):
     assert f"{info.veth}@" not in links()
     mounts = proc_mounts()
     assert idir not in mounts and f"/run/netns/{info.netns}" not in mounts
-    assert not Path(f"/proc/{info.pid}").exists() or host._proc_state(info.pid) in ("Z", "X")
-    assert host.pids_in_pidns(info.pidns) == []
+    assert not Path(f"/proc/{info.pid}").exists() or machine._proc_state(info.pid) in ("Z", "X")
+    assert machine.pids_in_pidns(info.pidns) == []
     assert not Path(idir).exists() and not Path(info.state_dir).exists()
     assert host.status(info.name).state == "absent"
     assert took < 30
@@ -226,11 +240,11 @@ def test_up_cleans_up_after_a_crash(rehearsal_host_factory):
     again = host.up(info.name)
 
     assert again.pid != info.pid
-    assert host.pids_in_pidns(info.pidns) == []  # the orphaned container was killed
+    assert machine.pids_in_pidns(info.pidns) == []  # the orphaned container was killed
     assert ok(again, "cat /etc/pt-crash-marker").strip() == "survived"
     assert mounts_count(again.instance_dir) == 1
     host.down(info.name)
-    assert host.pids_in_pidns(again.pidns) == []
+    assert machine.pids_in_pidns(again.pidns) == []
     assert not Path("/run/netns", info.netns).exists()
 
 
@@ -268,6 +282,6 @@ def test_failed_boot_is_cleaned_up(rehearsal_host_factory):
     assert host.status(info.name).state == "stopped"
     assert not Path("/run/netns", info.netns).exists()
     assert f"{info.veth}@" not in links() and info.instance_dir not in proc_mounts()
-    assert host.container_pids(info.name) == []
+    assert machine.container_pids(info.name) == []
     again = host.up(info.name)  # and the next up works
     assert ok(again, "systemctl is-system-running").strip() in ("running", "degraded")

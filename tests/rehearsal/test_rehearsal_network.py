@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rehearsal import host
+from rehearsal import host, machine, network
 
 pytestmark = pytest.mark.rehearsal
 
@@ -30,9 +30,9 @@ AT_ONCE = 0.5  # seconds: a local refusal, not a timeout (ssh's own start is cou
 
 def unused_address() -> str:
     """An address of the range that no instance has (10.213.250.2 unless one took index 250)."""
-    used = set(host._used_indexes(""))
-    index = next(i for i in range(250, host.MAX_INDEX + 1) if i not in used)
-    return host.subnet(index)[1]
+    used = set(machine._used_indexes(""))
+    index = next(i for i in range(250, network.MAX_INDEX + 1) if i not in used)
+    return network.subnet(index)[1]
 
 
 def route_get(address: str, netns: str | None = None) -> subprocess.CompletedProcess:
@@ -90,10 +90,10 @@ def in_netns(netns: str, *argv: str, timeout: float = 300) -> subprocess.Complet
 
 def no_route_entries(netns: str | None = None) -> list[str]:
     out = subprocess.run(["ip", *(["-n", netns] if netns else []), "-4", "route", "show",
-                          "exact", str(host.RANGE)], capture_output=True, text=True,
+                          "exact", str(network.RANGE)], capture_output=True, text=True,
                          check=True).stdout
     return [line for line in out.splitlines()
-            if line.split()[:1] and line.split()[0] in host.NO_ROUTE_TYPES]
+            if line.split()[:1] and line.split()[0] in network.NO_ROUTE_TYPES]
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def scratch_netns():
 def test_an_address_with_no_host_is_not_routable_and_a_running_host_is(rehearsal_host):
     """On this machine, with a rehearsal host running: an address of the range with no host has
     no route and probes to it fail at once; the running host answers through its own /24."""
-    for address in (unused_address(), host.NEVER_A_HOST):
+    for address in (unused_address(), network.NEVER_A_HOST):
         got = route_get(address)
         assert got.returncode != 0, f"{address} is routable: {got.stdout}"
         probes_fail_at_once(address)
@@ -135,7 +135,7 @@ def test_an_address_with_no_host_is_not_routable_and_a_running_host_is(rehearsal
     assert no_route_entries(), "no blackhole/unreachable entry for the range"
     via = route_get(rehearsal_host.address)
     assert via.returncode == 0 and f"dev {rehearsal_host.veth} " in via.stdout, via.stdout
-    assert host._port_open(rehearsal_host.address, 22)
+    assert network.port_open(rehearsal_host.address, 22)
     assert rehearsal_host.run("true").returncode == 0
 
 
@@ -158,7 +158,7 @@ def test_install_host_deps_and_up_add_the_no_route_entry_where_it_is_missing(scr
 
     # Without it again: `rehearsal up` adds it, and the host it boots is reachable through its
     # own /24 while the rest of the range stays unroutable.
-    subprocess.run(["ip", "-n", ns, "route", "del", str(host.RANGE)], check=True)
+    subprocess.run(["ip", "-n", ns, "route", "del", str(network.RANGE)], check=True)
     assert route_get(probe, ns).returncode == 0
     name = f"pt{os.getpid()}-n"
     try:
@@ -213,4 +213,4 @@ def test_a_machine_attached_to_the_range_is_refused_with_a_clear_message(scratch
 
 def test_own_veths_and_the_no_route_entry_are_not_collisions(rehearsal_host):
     """The running host's veth address and /24, and the range's entry, are ours."""
-    assert host.range_collisions() == []
+    assert network.range_collisions() == []

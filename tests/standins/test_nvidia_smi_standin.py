@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.standins.helpers import CAPTURE, NVCC, PROFILES, smi
+from tests.standins.helpers import CAPTURE, NVCC, NVIDIA_SMI, PROFILES, smi
 
 ALL_PROFILES = ["h200-1", "h200-8", "rtx-pro-6000-8"]
 EXPECTED = {  # profile -> (GPU count, name, MiB total)
@@ -110,6 +110,21 @@ def test_bad_arguments_and_missing_profile():
     res = smi("h200-8", env={"REHEARSAL_GPU_PROFILE": "/nonexistent/profile.json"})
     assert res.returncode == 9 and "couldn't communicate with the NVIDIA driver" in res.stdout
     assert "/nonexistent/profile.json" in res.stderr
+
+
+def test_xml_template_missing_is_said_not_a_traceback(tmp_path):
+    # The -q -x <gpu> template is a data file beside the script: a copy of the script alone
+    # answers like a host without a driver and names the file it misses.
+    alone = tmp_path / "nvidia_smi.py"
+    alone.write_bytes(NVIDIA_SMI.read_bytes())
+    res = subprocess.run([sys.executable, str(alone), "-q", "-x"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "REHEARSAL_GPU_PROFILE": str(PROFILES / "h200-1.json")})
+    assert res.returncode == 9 and "couldn't communicate with the NVIDIA driver" in res.stdout
+    assert str(tmp_path / "nvidia_smi_gpu.xml.template") in res.stderr and "Traceback" not in res.stderr
+    # other views do not need it
+    res = subprocess.run([sys.executable, str(alone), "-L"], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "REHEARSAL_GPU_PROFILE": str(PROFILES / "h200-1.json")})
+    assert res.returncode == 0 and res.stdout.startswith("GPU 0: NVIDIA H200")
 
 
 def test_cuda_visible_devices_is_ignored_like_the_real_tool():
