@@ -183,3 +183,39 @@ def test_this_program_destroys_the_upgraded_stacks(upgrade):
     new.stack("tp8").destroy(on_output=print)
     units = new.sh("ls /etc/systemd/system/")
     assert UNIT.format("tp8") not in units and UNIT.format("pp8") not in units
+
+
+@pytest.fixture(scope="module")
+def fleet_upgrade(tmp_path_factory, rehearsal_host_factory):
+    a, b = rehearsal_host_factory(), rehearsal_host_factory()
+    tmp = tmp_path_factory.mktemp("fleet-upgrade")
+    source = previous_tree(tmp / "previous-tree")
+
+    def two_hosts(config):
+        config["gpu-serving:hosts"] = {"value": [{"name": "gpu1", "rehearsal": a.name},
+                                                 {"name": "gpu2", "rehearsal": b.name}]}
+    old = make_deployment(tmp, a, source=source, name="previous")
+    new = make_deployment(tmp, a)
+    for d in (old, new):
+        d.edit_project(two_hosts)
+    return old, new, {"gpu1": a, "gpu2": b}
+
+
+def test_fleet_deployed_by_the_previous_program_upgrades_in_place(fleet_upgrade):
+    """A fleet stack (gpu-serving:hosts): the per-host resources (gpu1-service, ...) are taken
+    over the same way, on every host."""
+    old, new, hosts = fleet_upgrade
+    old.stack("tp8").up(on_output=print)
+    pid = f"systemctl show -p MainPID -p NRestarts --value {UNIT.format('tp8')}"
+    before = {name: h.run(pid).stdout for name, h in hosts.items()}
+    assert all(p.split()[0] != "0" for p in before.values()), before
+    carry_salt(old, new, "tp8")
+    steps = Steps()
+    new.stack("tp8").up(on_output=print, on_event=steps)
+    assert {urn.rsplit("::", 1)[-1] for _, urn in steps.seen} >= {"gpu1-service", "gpu2-service"}, steps.seen
+    assert not steps.with_op(*DESTRUCTIVE, "update"), steps.with_op(*DESTRUCTIVE, "update")
+    assert {name: h.run(pid).stdout for name, h in hosts.items()} == before
+    new.stack("tp8").preview(refresh=True, expect_no_changes=True, on_output=print)
+    new.stack("tp8").destroy(on_output=print)
+    for h in hosts.values():
+        assert UNIT.format("tp8") not in h.run("ls /etc/systemd/system/").stdout
