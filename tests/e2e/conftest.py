@@ -61,7 +61,9 @@ class Deployment:
         })
 
 
-def make_deployment(tmp: Path, host) -> Deployment:
+def make_deployment(tmp: Path, host, source: Path = REPO, name: str = "project") -> Deployment:
+    """A copy of the program in `source` (default: this working tree) at tmp/<name>, with its
+    state in tmp/state: two copies made with the same tmp share stacks (same project name)."""
     (tmp / "state").mkdir(parents=True, exist_ok=True)
     env = engine_env(pulumi_home=tmp / "pulumi-home", backend_url=f"file://{tmp / 'state'}", passphrase="e2e-test")
     try:
@@ -70,8 +72,8 @@ def make_deployment(tmp: Path, host) -> Deployment:
         pytest.fail(str(exc), pytrace=False)
     if not (VENV / "bin" / "python").exists():
         pytest.fail(f"{VENV} missing: run scripts/setup", pytrace=False)
-    project = tmp / "project"
-    shutil.copytree(REPO, project, ignore=IGNORE, symlinks=True)
+    project = tmp / name
+    shutil.copytree(source, project, ignore=IGNORE, symlinks=True)
     (project / ".venv").symlink_to(VENV)
     settings_only_stack_files(project)
     d = Deployment(env, project, host)
