@@ -1,16 +1,14 @@
 """Our Python language host (scripts/pulumi-build/language-python) and the dynamic-provider
 launcher, at their interfaces.
 
-- The host answers GetRequiredPackages / GetRequiredPlugins / GetProgramDependencies by reading
-  the virtualenv's files in Go (pyscan.go) instead of running a Python script. These tests ask the
-  same questions over gRPC with GPU_SERVING_LANGHOST_SCAN=go (Go only, no fallback) and =python
-  (the original scripts, i.e. Python's own view through importlib.metadata) and require identical
-  answers: on the project's .venv, and on fresh virtualenvs of every CPython 3.10-3.13 found on
-  this machine holding fake packages (dist-info, egg-info, quoted RECORD paths, a .pth-added
-  directory, PYTHONPATH, parameterized and nameless plugins, plugins that must NOT count). A
-  .pth line that runs unknown code is not modelled: the default mode must then fall back to
-  Python (same answer), and the Go-only mode must say so.
-- About's version (cached per interpreter binary) is the interpreter's platform.python_version().
+- The host answers what the engine needs: GetPluginInfo, About (the interpreter and its version),
+  GetProgramDependencies (the venv's distributions, for `pulumi about`). The package questions
+  (GetRequiredPackages / GetRequiredPlugins) are UNIMPLEMENTED, which the engine takes as "no
+  plugins known in advance" (tests/integration/test_engine.py runs real stacks that way), and
+  answering them starts no Python.
+- The host exits when the process that started it (the engine) is gone, and the program it runs
+  goes with it; the runner (the program, the dynamic provider) exits when its parent is gone.
+  tests/integration/test_engine_gone.py kills the real CLI mid-run.
 - gpu-serving-pyrun.py runs a script / module as plain `python` would (argv, sys.path[0], __file__,
   exit status, atexit, threads, unclosed files flushed) and the launcher `exec`s Python and exits
   promptly on the engine's SIGINT.
@@ -21,14 +19,11 @@ GPU_SERVING_LANGHOST_UNDER_TEST (a development build). Marked `engine`.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -60,9 +55,8 @@ def langhost() -> Path:
 
 
 @contextmanager
-def host(binary: Path, mode: str, extra_env: dict | None = None):
+def host(binary: Path, extra_env: dict | None = None):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
-    env["GPU_SERVING_LANGHOST_SCAN"] = mode
     env.update(extra_env or {})
     proc = subprocess.Popen([str(binary)], stdout=subprocess.PIPE, env=env, text=True)
     try:
@@ -81,254 +75,113 @@ def program_info(root: Path, venv: Path) -> language_pb2.ProgramInfo:
                                     options=options)
 
 
-def answers(binary: Path, mode: str, root: Path, venv: Path, extra_env: dict | None = None) -> dict:
-    """Everything the host says about the program's packages, or the error it gives."""
-    info = program_info(root, venv)
-    out = {}
-    with host(binary, mode, extra_env) as stub:
-        for name, call in (
-            ("packages", lambda: stub.GetRequiredPackages(language_pb2.GetRequiredPackagesRequest(info=info))),
-            ("plugins", lambda: stub.GetRequiredPlugins(language_pb2.GetRequiredPluginsRequest(info=info))),
-            ("dependencies", lambda: stub.GetProgramDependencies(
-                language_pb2.GetProgramDependenciesRequest(info=info))),
-        ):
-            try:
-                resp = call()
-            except grpc.RpcError as exc:
-                out[name] = ("error", exc.details())
-                continue
-            if name == "packages":
-                out[name] = [(p.kind, p.name, p.version, p.server,
-                              (p.parameterization.name, p.parameterization.version, p.parameterization.value)
-                              if p.HasField("parameterization") else None) for p in resp.packages]
-            elif name == "plugins":
-                out[name] = [(p.kind, p.name, p.version, p.server) for p in resp.plugins]
-            else:
-                out[name] = [(d.name, d.version) for d in resp.dependencies]
-    return out
+def pythons_started_by(binary: Path, call, tmp_path: Path) -> int:
+    """How many Pythons the host starts to answer `call(stub, info)`: its venv's bin/python is a
+    wrapper that counts its starts, then runs the real interpreter."""
+    venv = tmp_path / "counting-venv"
+    (venv / "bin").mkdir(parents=True)
+    starts = tmp_path / "starts"
+    (venv / "bin" / "python").write_text(f'#!/bin/sh\necho x >> {starts}\nexec {VENV / "bin" / "python"} "$@"\n')
+    (venv / "bin" / "python").chmod(0o755)
+    with host(binary) as stub:
+        call(stub, program_info(tmp_path, venv))
+    return len(starts.read_text().splitlines()) if starts.exists() else 0
 
 
-# ---- fake packages -----------------------------------------------------------------------------
+# ---- what the engine asks --------------------------------------------------------------------
 
-def dist_info(site: Path, dirname: str, name: str, version: str, record: list[str],
-              files: dict[str, str] | None = None) -> None:
-    d = site / dirname
-    d.mkdir(parents=True)
-    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: fake\n\nbody\n")
-    (d / "RECORD").write_text("".join(line + "\n" for line in record))
-    for rel, text in (files or {}).items():
-        (site / rel).parent.mkdir(parents=True, exist_ok=True)
-        (site / rel).write_text(text)
-
-
-def plugin(**fields) -> str:
-    return json.dumps(fields)
+def test_package_questions_are_unimplemented_without_starting_python(langhost, tmp_path):
+    """The engine takes UNIMPLEMENTED for both as "no plugins known in advance"; the answer is
+    fixed, so no interpreter is started for it."""
+    def ask(stub, info):
+        for call, req in ((stub.GetRequiredPackages, language_pb2.GetRequiredPackagesRequest(info=info)),
+                          (stub.GetRequiredPlugins, language_pb2.GetRequiredPluginsRequest(info=info))):
+            with pytest.raises(grpc.RpcError) as err:
+                call(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, err.value
+    assert pythons_started_by(langhost, ask, tmp_path) == 0
 
 
-def make_fake_packages(site: Path, extra: Path, elsewhere: Path) -> None:
-    """Packages that exercise every rule of the plugin scan. `extra` is added by a .pth file,
-    `elsewhere` by PYTHONPATH."""
-    dist_info(site, "pulumi_fakeone-1.2.3.dist-info", "pulumi_fakeone", "1.2.3",
-              ["pulumi_fakeone/__init__.py,,", "pulumi_fakeone/pulumi-plugin.json,sha256=x,40",
-               "pulumi_fakeone-1.2.3.dist-info/RECORD,,"],
-              {"pulumi_fakeone/__init__.py": "", "pulumi_fakeone/pulumi-plugin.json":
-               plugin(resource=True, name="fakeone", version="1.2.3", server="https://example.invalid/fake")})
-    # No name / version in the plugin file: taken from the distribution (pulumi- prefix dropped).
-    dist_info(site, "pulumi_nameless-0.5.0.dist-info", "pulumi-nameless", "0.5.0",
-              ["pulumi_nameless/pulumi-plugin.json,,"],
-              {"pulumi_nameless/pulumi-plugin.json": plugin(resource=1)})
-    # Parameterized: a package, but not a plugin for GetRequiredPlugins.
-    dist_info(site, "Param_Pkg-2.0.dist-info", "Param-Pkg", "2.0",
-              ['"param pkg/pulumi-plugin.json",,'],  # quoted path with a space
-              {"param pkg/pulumi-plugin.json": plugin(
-                  resource=True, name="terraform-provider", version="0.10.0",
-                  parameterization={"name": "aws-tf", "version": "5.1.0",
-                                    "value": base64.b64encode(b"parameter").decode()})})
-    # Not counted: resource false/empty, plugin file not in RECORD, unparsable JSON, not an object.
-    dist_info(site, "notprovider-1.0.dist-info", "notprovider", "1.0",
-              ["notprovider/pulumi-plugin.json,,"], {"notprovider/pulumi-plugin.json": plugin(resource=False, name="no")})
-    dist_info(site, "emptyres-1.0.dist-info", "emptyres", "1.0",
-              ["emptyres/pulumi-plugin.json,,"], {"emptyres/pulumi-plugin.json": plugin(resource=[], name="no2")})
-    dist_info(site, "unlisted-1.0.dist-info", "unlisted", "1.0", ["unlisted/__init__.py,,"],
-              {"unlisted/__init__.py": "", "unlisted/pulumi-plugin.json": plugin(resource=True, name="unlisted")})
-    dist_info(site, "badjson-1.0.dist-info", "badjson", "1.0", ["badjson/pulumi-plugin.json,,"],
-              {"badjson/pulumi-plugin.json": "{not json"})
-    dist_info(site, "listjson-1.0.dist-info", "listjson", "1.0", ["listjson/pulumi-plugin.json,,"],
-              {"listjson/pulumi-plugin.json": "[1, 2]"})
-    dist_info(site, "missingfile-1.0.dist-info", "missingfile", "1.0", ["missingfile/pulumi-plugin.json,,"])
-    # The same plugin declared twice: reported once.
-    dist_info(site, "pulumi_dup-1.2.3.dist-info", "pulumi_dup", "1.2.3", ["pulumi_dup/pulumi-plugin.json,,"],
-              {"pulumi_dup/pulumi-plugin.json": plugin(resource=True, name="fakeone", version="1.2.3",
-                                                       server="https://example.invalid/fake")})
-    # egg-info with SOURCES.txt (no RECORD), and a distribution without files at all.
-    egg = site / "eggy-3.0-py3.11.egg-info"
-    egg.mkdir()
-    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: eggy\nVersion: 3.0\n")
-    (egg / "SOURCES.txt").write_text("setup.py\neggy/pulumi-plugin.json\n")
-    (site / "eggy").mkdir()
-    (site / "eggy" / "pulumi-plugin.json").write_text(plugin(resource="yes", name="eggy"))
-    (site / "nofiles-1.0.dist-info").mkdir()
-    (site / "nofiles-1.0.dist-info" / "METADATA").write_text("Name: nofiles\nVersion: 1.0\n")
-    # A directory added by a .pth file (and a .pth path that does not exist), with its own plugin.
-    (site / "zz-extra.pth").write_text(f"# comment\n{extra}\n/does/not/exist\n\n")
-    dist_info(extra, "pulumi_extra-9.9.9.dist-info", "pulumi_extra", "9.9.9", ["pulumi_extra/pulumi-plugin.json,,"],
-              {"pulumi_extra/pulumi-plugin.json": plugin(resource=True)})
-    dist_info(elsewhere, "pulumi_viapath-0.0.1.dist-info", "pulumi_viapath", "0.0.1",
-              ["pulumi_viapath/pulumi-plugin.json,,"],
-              {"pulumi_viapath/pulumi-plugin.json": plugin(resource=True, name="viapath", version="0.0.1")})
-    # RECORD paths as csv writes them: a quoted field with a comma and a doubled quote; CRLF line
-    # ends; an absolute path; a path out of site-packages.
-    dist_info(site, "quoted-1.0.dist-info", "quoted", "1.0", ['"q,uo""ted/pulumi-plugin.json",sha256=abc,12'],
-              {'q,uo"ted/pulumi-plugin.json': plugin(resource=True, name="quoted", version="1.0")})
-    (site / "crlf-1.0.dist-info").mkdir()
-    (site / "crlf-1.0.dist-info" / "METADATA").write_text("Name: crlf\r\nVersion: 1.0\r\n\r\n")
-    (site / "crlf-1.0.dist-info" / "RECORD").write_bytes(b"crlf/__init__.py,,\r\ncrlf/pulumi-plugin.json,,\r\n")
-    (site / "crlf").mkdir()
-    (site / "crlf" / "pulumi-plugin.json").write_text(plugin(resource=True))
-    outside = site.parents[3] / "outside"
-    dist_info(site, "absolute-1.0.dist-info", "absolute", "1.0",
-              [f"{outside}/abs/pulumi-plugin.json,,", "../../../../outside/rel/pulumi-plugin.json,,"],
-              {f"{outside}/abs/pulumi-plugin.json": plugin(resource=True, name="absolute", version="1"),
-               f"{outside}/rel/pulumi-plugin.json": plugin(resource=True, name="dotdot", version="2")})
-    # Metadata fields: keys are case-insensitive, trailing blanks are part of the value.
-    d = site / "hdr-1.0.dist-info"
-    d.mkdir()
-    (d / "METADATA").write_text("Metadata-Version: 2.1\nname: pulumi-lower-key\nVersion: 1.0  \nName: second\n")
-    (d / "RECORD").write_text("hdr/pulumi-plugin.json,,\n")
-    (site / "hdr").mkdir()
-    (site / "hdr" / "pulumi-plugin.json").write_text(plugin(resource=True))
-    # An old-style egg-info *file* (metadata only, no files).
-    (site / "filey-1.0-py3.egg-info").write_text("Metadata-Version: 1.0\nName: filey\nVersion: 1.0\n")
-
-
-EXPECTED_PLUGINS = {
-    ("resource", "fakeone", "1.2.3", "https://example.invalid/fake"),
-    ("resource", "nameless", "0.5.0", ""),
-    ("resource", "eggy", "3.0", ""),
-    ("resource", "extra", "9.9.9", ""),
-    ("resource", "viapath", "0.0.1", ""),
-    ("resource", "quoted", "1.0", ""),
-    ("resource", "crlf", "1.0", ""),
-    ("resource", "absolute", "1", ""),
-    ("resource", "dotdot", "2", ""),
-    ("resource", "lower-key", "1.0  ", ""),
-}
-
-
-def interpreters() -> list[tuple[str, str]]:
-    """(id, path): the CPython 3.10-3.13 interpreters on this machine: the running one, the
-    system's (Debian's has a sitecustomize), pyenv's."""
-    found: dict[str, str] = {}
-    candidates = [sys.executable, "/usr/bin/python3"] + [shutil.which(f"python3.{m}") or "" for m in range(10, 14)]
-    candidates += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.1[0-3].*/bin/python3"))
-    for c in filter(None, candidates):
-        try:
-            base, v = subprocess.run(
-                [c, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable)); "
-                          "print('%d.%d' % sys.version_info[:2])"],
-                capture_output=True, text=True, timeout=30, check=True).stdout.split()
-        except (OSError, subprocess.SubprocessError, ValueError):
-            continue
-        real = os.path.realpath(base)
-        if v in {f"3.{m}" for m in range(10, 14)} and real not in found.values():
-            found[f"python{v}-{'system' if real.startswith('/usr/') else Path(real).parent.parent.name}"] = real
-    return sorted(found.items())
-
-
-@pytest.fixture(scope="module", params=interpreters(), ids=lambda p: p[0])
-def fake_venv(request, tmp_path_factory):
-    base = tmp_path_factory.mktemp("venv")
-    venv, extra, elsewhere, program = base / "venv", base / "extra", base / "elsewhere", base / "program"
-    subprocess.run([request.param[1], "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = next(venv.glob("lib/python3.*/site-packages"))
-    extra.mkdir()
-    elsewhere.mkdir()
-    program.mkdir()
-    (program / "__main__.py").write_text("")
-    make_fake_packages(site, extra, elsewhere)
-    return venv, program, {"PYTHONPATH": str(elsewhere)}
-
-
-# ---- the package scan: Go vs Python -----------------------------------------------------------
-
-def test_project_venv_go_scan_equals_python(langhost):
-    go = answers(langhost, "go", REPO, VENV)
-    py = answers(langhost, "python", REPO, VENV)
-    assert go == py
-    assert not any(isinstance(v, tuple) for v in go.values()), go  # no errors
-    names = {n.lower() for n, _ in go["dependencies"]}
-    assert {"pulumi", "pydantic", "paramiko"} <= names, names
-
-
-def test_fake_packages_go_scan_equals_python(langhost, fake_venv):
-    venv, program, env = fake_venv
-    go = answers(langhost, "go", program, venv, env)
-    py = answers(langhost, "python", program, venv, env)
-    auto = answers(langhost, "auto", program, venv, env)
-    assert go == py == auto
-    assert set(go["plugins"]) == EXPECTED_PLUGINS, go["plugins"]
-    assert len(go["plugins"]) == len(EXPECTED_PLUGINS)  # the duplicate is reported once
-    params = [p for p in go["packages"] if p[4] is not None]
-    assert params == [("resource", "terraform-provider", "0.10.0", "", ("aws-tf", "5.1.0", b"parameter"))]
-    deps = {n for n, _ in go["dependencies"]}
-    assert {"pulumi_fakeone", "eggy", "nofiles", "pulumi_extra", "pulumi_viapath", "Param-Pkg", "filey"} <= deps, deps
-
-
-def test_python_errors_are_kept(langhost, tmp_path):
-    """Where the Python script fails (here: a nameless plugin in a distribution without metadata),
-    the default mode gives the same error, by asking Python."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = next(venv.glob("lib/python3.*/site-packages"))
-    (site / "broken-1.0.dist-info").mkdir()
-    (site / "broken-1.0.dist-info" / "RECORD").write_text("broken/pulumi-plugin.json,,\n")
-    (site / "broken").mkdir()
-    (site / "broken" / "pulumi-plugin.json").write_text(plugin(resource=True))
-    auto = answers(langhost, "auto", tmp_path, venv)
-    py = answers(langhost, "python", tmp_path, venv)
-    assert auto == py
-    assert auto["plugins"][0] == "error" and "AttributeError" in auto["plugins"][1]
-
-
-def test_unmodelled_pth_code_falls_back_to_python(langhost, tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = next(venv.glob("lib/python3.*/site-packages"))
-    hidden = tmp_path / "hidden"
-    dist_info(hidden, "pulumi_hidden-1.0.0.dist-info", "pulumi_hidden", "1.0.0", ["pulumi_hidden/pulumi-plugin.json,,"],
-              {"pulumi_hidden/pulumi-plugin.json": plugin(resource=True)})
-    # Code that changes sys.path: only Python knows what it does.
-    (site / "custom.pth").write_text(f"import sys; sys.path.append({str(hidden)!r})\n")
-    py = answers(langhost, "python", tmp_path, venv)
-    auto = answers(langhost, "auto", tmp_path, venv)
-    assert auto == py
-    assert ("resource", "hidden", "1.0.0", "") in py["plugins"]
-    go = answers(langhost, "go", tmp_path, venv)
-    assert go["plugins"][0] == "error" and "does not model" in go["plugins"][1] and "custom.pth" in go["plugins"][1]
-
-
-def test_missing_virtualenv_same_error(langhost, tmp_path):
-    missing = tmp_path / "no-such-venv"
-    auto = answers(langhost, "auto", tmp_path, missing)
-    py = answers(langhost, "python", tmp_path, missing)
-    assert auto == py
-    for kind, detail in auto.values():
-        assert kind == "error" and f"the virtualenv {missing}" in detail and "has no bin/python" in detail
-
-
-def test_about_version_is_the_interpreters(langhost, tmp_path):
+def test_about_is_the_interpreter_and_its_version(langhost, tmp_path):
     want = subprocess.run([str(VENV / "bin" / "python"), "-c", "import platform; print(platform.python_version())"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    cache_home = tmp_path / "cache"
-    info = program_info(REPO, VENV)
-    for _ in range(2):  # the second answer comes from the cache
-        with host(langhost, "auto", {"XDG_CACHE_HOME": str(cache_home)}) as stub:
-            about = stub.About(language_pb2.AboutRequest(info=info))
-        assert about.version == want
-        assert about.executable == str(VENV / "bin" / "python")
-        assert about.metadata["packageScan"] == "go"
-    cached = json.loads(next(cache_home.rglob("python-versions.json")).read_text())
-    assert list(cached.values()) == [want]
+    with host(langhost) as stub:
+        about = stub.About(language_pb2.AboutRequest(info=program_info(REPO, VENV)), timeout=30)
+        plugin = stub.GetPluginInfo(empty_pb2.Empty(), timeout=30)
+    assert about.version == want
+    assert about.executable == str(VENV / "bin" / "python")
+    assert about.metadata["virtualenv"] == str(VENV)
+    assert plugin.version
+
+
+def test_program_dependencies_are_the_venvs_distributions(langhost):
+    with host(langhost) as stub:
+        resp = stub.GetProgramDependencies(language_pb2.GetProgramDependenciesRequest(info=program_info(REPO, VENV)),
+                                           timeout=60)
+    got = {d.name.lower(): d.version for d in resp.dependencies}
+    want = json.loads(subprocess.run(
+        [str(VENV / "bin" / "python"), "-c",
+         "import json, importlib.metadata as md; "
+         "print(json.dumps({d.metadata['Name'].lower(): d.version for d in md.distributions()}))"],
+        capture_output=True, text=True, check=True, cwd=REPO).stdout)
+    assert got == want
+    assert {"pulumi", "pydantic", "paramiko"} <= set(got), sorted(got)
+
+
+def test_missing_virtualenv_is_named(langhost, tmp_path):
+    missing = tmp_path / "no-such-venv"
+    with host(langhost) as stub:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.About(language_pb2.AboutRequest(info=program_info(tmp_path, missing)), timeout=30)
+    assert f"the virtualenv {missing}" in err.value.details() and "has no bin/python" in err.value.details()
+
+
+# ---- exiting with the engine -----------------------------------------------------------------
+
+def start_orphanable(argv: list[str], tmp_path: Path, env: dict | None = None) -> tuple[subprocess.Popen, int]:
+    """Start argv under an intermediate shell (its "engine") and return (shell, argv's PID). The
+    shell waits until it gets SIGKILL; argv's first output line is ignored (the host's port)."""
+    pidfile = tmp_path / "child.pid"
+    shell = subprocess.Popen(["sh", "-c", '"$@" > /dev/null & echo $! > "$0"; wait', str(pidfile), *argv],
+                             env=env, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline, "the child did not start"
+        time.sleep(0.05)
+    return shell, int(pidfile.read_text())
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":  # ended, its new parent not yet reaping
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("what", ["language host", "runner"])
+def test_exits_when_its_parent_is_killed(langhost, tmp_path, what):
+    if what == "language host":
+        argv = [str(langhost)]
+    else:  # the runner with a program that would wait for ever
+        script = tmp_path / "forever.py"
+        script.write_text("import time\nwhile True:\n    time.sleep(60)\n")
+        argv = [sys.executable, "-u", str(RUNNER), "--script", str(script)]
+    shell, child = start_orphanable(argv, tmp_path)
+    try:
+        time.sleep(1.0)
+        assert not gone_within(child, 0), f"the {what} ended on its own"
+        os.kill(shell.pid, signal.SIGKILL)
+        shell.wait(timeout=10)
+        assert gone_within(child, 5), f"the {what} (pid {child}) outlived its parent"
+    finally:
+        if not gone_within(child, 0):
+            os.kill(child, signal.SIGKILL)
 
 
 # ---- gpu-serving-pyrun.py and the launcher -----------------------------------------------------

@@ -22,8 +22,11 @@
 # The argv, sys.path[0] and the __main__ module the program sees are those of a plain run.
 # Anything unusual (an uncaught exception, a SystemExit code that is not a small int) goes
 # through the interpreter's ordinary exit. A SIGINT once the program has ended (the engine closing
-# a plugin's process group) ends the exit quietly, with the program's own status (see _gs_finish). GPU_SERVING_PYTHON_FULL_EXIT=1 makes the language host
-# and the launcher not use this runner at all.
+# a plugin's process group) ends the exit quietly, with the program's own status (see _gs_finish).
+#
+# The process also ends, at once, when its parent has gone (see _gs_exit_with_parent): the engine
+# for the dynamic provider, our language host for the program. GPU_SERVING_PYTHON_FULL_EXIT=1
+# makes the language host and the launcher not use this runner at all (and so loses that too).
 
 
 def _gs_pyrun(argv):
@@ -31,9 +34,10 @@ def _gs_pyrun(argv):
     import sys
 
     exit_status, finish, _gs_widen_pools = _gs_exit_status, _gs_finish, _gs_widen
+    _gs_exit_with_parent()
     main_globals = sys.modules["__main__"].__dict__
     # The program runs in __main__'s namespace, as it would: leave none of ours there.
-    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen"):
+    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen", "_gs_exit_with_parent"):
         main_globals.pop(name, None)
 
     if len(argv) >= 3 and argv[1] == "--min-pool-threads":
@@ -72,6 +76,42 @@ def _gs_pyrun(argv):
     else:
         status = 0
     finish(status)
+
+
+def _gs_exit_with_parent():
+    """End this process as soon as its parent is gone. The engine stops the dynamic provider when
+    it ends normally, but a CLI killed by SIGKILL, or by SIGPIPE in `pulumi preview | head -3`,
+    stops nothing: the provider would wait for calls for ever, parented to init (a scheduled drift
+    check would pile them up). Its calls can no longer be answered, nor their results recorded, so
+    stopping at once (even mid-call) is what the user who killed the CLI asked for; the next
+    refresh reads the host as it is.
+
+    How: a daemon thread waits on a pidfd of the parent, readable the moment that process exits
+    (no polling, nothing to do until then). Not PR_SET_PDEATHSIG: it follows the parent's
+    *thread* that started us, and the engine is a Go program whose threads are not the process.
+    A parent that is already gone when we look, or a kernel without pidfds, is seen by getppid
+    changing (Linux gives an orphan a new parent): checked after pidfd_open (the PID named our
+    parent then, not a reused one), and polled when there is no pidfd."""
+    import os
+    import select
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch():
+        try:
+            fd = os.pidfd_open(parent)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None and os.getppid() == parent:
+            select.select([fd], [], [])
+        else:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+        os._exit(1)  # nobody is left to read a status or an error
+
+    threading.Thread(target=watch, name="gpu-serving-exit-with-parent", daemon=True).start()
 
 
 def _gs_widen(threads):

@@ -13,18 +13,20 @@
 //     through gpu-serving-pyrun.py (also beside this binary), which runs it exactly as `python
 //     SCRIPT` would and then skips the interpreter's teardown of every loaded module (~40-110 ms
 //     per run; see that file). GPU_SERVING_PYTHON_FULL_EXIT=1 runs the script directly.
-//   - GetRequiredPackages / GetRequiredPlugins: every `pulumi-plugin.json` with "resource": true
-//     found in the program's Python environment (so missing provider plugins are reported before
-//     the program runs).
-//   - GetPluginInfo, About, GetProgramDependencies, InstallDependencies (venv + pip install -r
+//   - GetPluginInfo, About (the interpreter and its version), GetProgramDependencies (the installed
+//     distributions, for `pulumi about`), InstallDependencies (venv + pip install -r
 //     requirements.txt), RuntimeOptionsPrompts, Handshake, Cancel.
 //
-// Start-up cost: the engine calls About (in a host of its own) and GetRequiredPackages before
-// every run. Both used to start Python; now About's version comes from a per-interpreter cache
-// (pyversion.go) and the package questions are answered by reading the virtualenv's files in Go
-// (pyscan.go), falling back to the Python scripts below whenever the Go scan does not model the
-// environment exactly. GPU_SERVING_LANGHOST_SCAN=python forces the scripts, =go forbids the
-// fallback (an error naming what is not modelled); tests use both to compare the two answers.
+// Not implemented, on purpose: GetRequiredPackages / GetRequiredPlugins. The engine asks them
+// before every run to load provider plugins ahead of the program; answering meant scanning the
+// venv's packages for `pulumi-plugin.json` (an interpreter start, or a Go re-implementation of
+// Python's site and metadata rules), and here the answer is always empty: the program uses only
+// dynamic providers, which the engine starts itself. The engine takes `Unimplemented` for both as
+// "no plugins known in advance" and loads any provider when the program first registers one of
+// its resources (a missing one still fails at once, naming it).
+//
+// The host exits when the engine that started it is gone (exitWithEngine), and so does the
+// program it runs (Pdeathsig) and the dynamic-provider process (gpu-serving-pyrun.py).
 //
 // Supported runtime options (Pulumi.yaml `runtime.options`): `virtualenv` (a path, relative to the
 // project root) and `toolchain: pip` (the default). uv and poetry toolchains are not supported.
@@ -37,7 +39,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,6 +51,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	pulumirpc "github.com/pulumi/pulumi/sdk/v3/proto/go"
 	"google.golang.org/grpc"
@@ -70,73 +72,19 @@ const execScriptName = "pulumi-language-python-exec"
 // runnerName is gpu-serving's fast-exit runner, beside this binary (optional).
 const runnerName = "gpu-serving-pyrun.py"
 
-// pluginScanScript prints, as JSON, the resource plugins declared by the packages installed in
-// the interpreter's environment (each `pulumi-plugin.json` whose "resource" is true).
-const pluginScanScript = `
-import json, importlib.metadata as md
-found = []
-for dist in md.distributions():
-    for f in dist.files or []:
-        if f.name != "pulumi-plugin.json":
-            continue
-        try:
-            data = json.loads(f.read_text())
-        except Exception:
-            continue
-        if not isinstance(data, dict) or not data.get("resource"):
-            continue
-        name = data.get("name") or dist.metadata["Name"].replace("pulumi_", "").replace("pulumi-", "")
-        found.append({
-            "name": name,
-            "version": data.get("version") or dist.version,
-            "server": data.get("server") or "",
-            "parameterization": data.get("parameterization"),
-        })
-print(json.dumps(found))
-`
-
-// distListScript prints the installed distributions as JSON [{name, version}].
-// Both scripts are run as `<python> -c SCRIPT` in the program directory; pyscan.go reproduces
-// exactly that (sys.path[0] is the working directory).
+// distListScript prints the installed distributions as JSON [{name, version}] (`pulumi about`).
 const distListScript = `
 import json, importlib.metadata as md
 print(json.dumps(sorted(({"name": d.metadata["Name"], "version": d.version} for d in md.distributions()), key=lambda d: d["name"].lower())))
 `
 
-// scanMode is GPU_SERVING_LANGHOST_SCAN: "" or "auto" (Go, falling back to Python), "go" (Go
-// only: what it does not model is an error), "python" (the scripts only, as before the Go scan).
-func scanMode() string {
-	switch m := os.Getenv("GPU_SERVING_LANGHOST_SCAN"); m {
-	case "go", "python":
-		return m
-	default:
-		return "auto"
-	}
-}
+// versionScript prints platform.python_version() (on CPython, the first word of sys.version)
+// without site-packages or the user's environment (-I -S): half the start-up of a plain run, and
+// the CLI asks About in parallel with every preview/update, on the same few cores.
+var versionArgs = []string{"-I", "-S", "-c", "import sys; print(sys.version.split()[0])"}
 
-// goScan runs a Go scan of the program's virtualenv. used=false: answer with the Python script.
-func goScan[T any](py pythonEnv, dir string, scan func(*pyLayout) (T, error)) (result T, used bool, err error) {
-	mode := scanMode()
-	if mode == "python" {
-		return result, false, nil
-	}
-	cwd, err := filepath.Abs(dir)
-	if err == nil {
-		var layout *pyLayout
-		if layout, err = venvSysPath(py.virtualenv, cwd); err == nil {
-			result, err = scan(layout)
-		}
-	}
-	var unsup *unsupportedError
-	switch {
-	case err == nil:
-		return result, true, nil
-	case errors.As(err, &unsup) && mode == "auto":
-		return result, false, nil
-	default:
-		return result, true, err
-	}
-}
+// engineWatchInterval: how often the host checks that the engine is still there.
+const engineWatchInterval = 250 * time.Millisecond
 
 type host struct {
 	pulumirpc.UnimplementedLanguageRuntimeServer
@@ -173,12 +121,30 @@ func main() {
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(400 * 1024 * 1024))
 	pulumirpc.RegisterLanguageRuntimeServer(srv, h)
 
+	go exitWithEngine(os.Getppid(), engineWatchInterval)
+
 	// The engine reads the port from our first line of output.
 	fmt.Printf("%d\n", lis.Addr().(*net.TCPAddr).Port)
 
 	if err := srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		fmt.Fprintf(os.Stderr, "pulumi-language-python: serve: %v\n", err)
 		os.Exit(1)
+	}
+}
+
+// exitWithEngine ends the host once the process that started it (the engine) has gone. The engine
+// closes its plugins when it ends normally, but a CLI killed by SIGKILL, or by SIGPIPE in
+// `pulumi preview | head -3`, closes nothing: the host would serve nobody for ever, parented to
+// init, and a scheduled drift check would pile them up. Linux gives an orphan a new parent (init
+// or a subreaper), so a changed parent PID is the engine's end. Polling getppid (one cheap
+// syscall) rather than PR_SET_PDEATHSIG: that signal follows the engine's *thread* that started
+// us, and a Go engine's threads are not the process. The program that Run started is killed with
+// us (its Pdeathsig, see command).
+func exitWithEngine(engine int, every time.Duration) {
+	for range time.Tick(every) {
+		if os.Getppid() != engine {
+			os.Exit(1)
+		}
 	}
 }
 
@@ -330,93 +296,6 @@ func (h *host) GetPluginInfo(context.Context, *emptypb.Empty) (*pulumirpc.Plugin
 	return &pulumirpc.PluginInfo{Version: version}, nil
 }
 
-type declaredPlugin struct {
-	Name             string `json:"name"`
-	Version          string `json:"version"`
-	Server           string `json:"server"`
-	Parameterization *struct {
-		Name    string `json:"name"`
-		Version string `json:"version"`
-		Value   string `json:"value"` // base64
-	} `json:"parameterization"`
-}
-
-// declaredPlugins lists the resource plugins that the program's installed packages declare.
-func declaredPlugins(ctx context.Context, info *pulumirpc.ProgramInfo, pwd string) ([]declaredPlugin, error) {
-	py, err := resolvePython(info)
-	if err != nil {
-		return nil, err
-	}
-	dir := programDir(info, pwd)
-	found, used, err := goScan(py, dir, scanPlugins)
-	if err != nil {
-		return nil, fmt.Errorf("listing the program's resource plugins: %w", err)
-	}
-	if !used {
-		out, err := py.runScript(ctx, dir, pluginScanScript)
-		if err != nil {
-			return nil, fmt.Errorf("listing the program's resource plugins: %w", err)
-		}
-		if err := json.Unmarshal(out, &found); err != nil {
-			return nil, fmt.Errorf("listing the program's resource plugins: bad output %q: %w", out, err)
-		}
-	}
-	seen := map[string]bool{}
-	unique := found[:0]
-	for _, p := range found {
-		key := p.Name + "@" + p.Version
-		if p.Parameterization != nil {
-			key += "/" + p.Parameterization.Name + "@" + p.Parameterization.Version
-		}
-		if !seen[key] {
-			seen[key] = true
-			unique = append(unique, p)
-		}
-	}
-	return unique, nil
-}
-
-func (h *host) GetRequiredPackages(ctx context.Context, req *pulumirpc.GetRequiredPackagesRequest,
-) (*pulumirpc.GetRequiredPackagesResponse, error) {
-	plugins, err := declaredPlugins(ctx, req.GetInfo(), "")
-	if err != nil {
-		return nil, err
-	}
-	resp := &pulumirpc.GetRequiredPackagesResponse{}
-	for _, p := range plugins {
-		dep := &pulumirpc.PackageDependency{Kind: "resource", Name: p.Name, Version: p.Version, Server: p.Server}
-		if p.Parameterization != nil {
-			value, err := base64.StdEncoding.DecodeString(p.Parameterization.Value)
-			if err != nil {
-				return nil, fmt.Errorf("plugin %s: parameterization value is not base64: %w", p.Name, err)
-			}
-			dep.Parameterization = &pulumirpc.PackageParameterization{
-				Name: p.Parameterization.Name, Version: p.Parameterization.Version, Value: value,
-			}
-		}
-		resp.Packages = append(resp.Packages, dep)
-	}
-	return resp, nil
-}
-
-func (h *host) GetRequiredPlugins(ctx context.Context, req *pulumirpc.GetRequiredPluginsRequest,
-) (*pulumirpc.GetRequiredPluginsResponse, error) {
-	plugins, err := declaredPlugins(ctx, req.GetInfo(), req.GetPwd())
-	if err != nil {
-		return nil, err
-	}
-	resp := &pulumirpc.GetRequiredPluginsResponse{}
-	for _, p := range plugins {
-		if p.Parameterization != nil {
-			continue // only expressible through GetRequiredPackages
-		}
-		resp.Plugins = append(resp.Plugins, &pulumirpc.PluginDependency{
-			Kind: "resource", Name: p.Name, Version: p.Version, Server: p.Server,
-		})
-	}
-	return resp, nil
-}
-
 func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.RunResponse, error) {
 	info := req.GetInfo()
 	py, err := resolvePython(info)
@@ -525,27 +404,21 @@ func (h *host) About(ctx context.Context, req *pulumirpc.AboutRequest) (*pulumir
 	if err != nil {
 		return nil, err
 	}
-	dir := programDir(req.GetInfo(), "")
-	version, err := py.version(ctx, dir)
+	cmd := py.command(ctx, programDir(req.GetInfo(), ""), versionArgs...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%s %s: %w: %s", py.python, strings.Join(versionArgs, " "), err,
+			strings.TrimSpace(stderr.String()))
 	}
 	meta := map[string]string{"host": "gpu-serving pulumi-language-python"}
 	if py.virtualenv != "" {
 		meta["virtualenv"] = py.virtualenv
 	}
-	// Whether GetRequiredPackages is answered in Go or by Python, and why (`pulumi about`).
-	meta["packageScan"] = "go"
-	if mode := scanMode(); mode == "python" {
-		meta["packageScan"] = "python (GPU_SERVING_LANGHOST_SCAN=python)"
-	} else if cwd, err := filepath.Abs(dir); err != nil {
-		meta["packageScan"] = "python: " + err.Error()
-	} else if _, err := venvSysPath(py.virtualenv, cwd); err != nil {
-		meta["packageScan"] = "python: " + err.Error()
-	}
 	return &pulumirpc.AboutResponse{
 		Executable: py.python,
-		Version:    version,
+		Version:    strings.TrimSpace(string(out)),
 		Metadata:   meta,
 	}, nil
 }
@@ -556,19 +429,16 @@ func (h *host) GetProgramDependencies(ctx context.Context, req *pulumirpc.GetPro
 	if err != nil {
 		return nil, err
 	}
-	dir := programDir(req.GetInfo(), req.GetPwd())
-	dists, used, err := goScan(py, dir, scanDists)
+	out, err := py.runScript(ctx, programDir(req.GetInfo(), req.GetPwd()), distListScript)
 	if err != nil {
-		return nil, fmt.Errorf("listing installed packages: %w", err)
+		return nil, err
 	}
-	if !used {
-		out, err := py.runScript(ctx, dir, distListScript)
-		if err != nil {
-			return nil, err
-		}
-		if err := json.Unmarshal(out, &dists); err != nil {
-			return nil, fmt.Errorf("listing installed packages: bad output %q: %w", out, err)
-		}
+	var dists []struct {
+		Name    string `json:"name"`
+		Version string `json:"version"`
+	}
+	if err := json.Unmarshal(out, &dists); err != nil {
+		return nil, fmt.Errorf("listing installed packages: bad output %q: %w", out, err)
 	}
 	resp := &pulumirpc.GetProgramDependenciesResponse{}
 	for _, d := range dists {
@@ -668,3 +538,8 @@ func (h *host) RunPlugin(*pulumirpc.RunPluginRequest, grpc.ServerStreamingServer
 }
 
 var _ io.Writer = streamWriter{}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
+}
