@@ -147,13 +147,8 @@ def words(settings: Any, namespace: str) -> list[tuple[str, str]]:
     return out
 
 
-def _default(spec: Any) -> Any:
-    default = getattr(spec, "default", spec)
-    return None if default is None or repr(default) == "PydanticUndefined" else default
-
-
-def markdown() -> str:
-    """docs/flags.md: the table, as users read it."""
+def markdown(sections: dict[str, Any]) -> str:
+    """docs/flags.md: the table, as users read it; `sections`: config.SECTIONS (the defaults)."""
     lines = [
         "# SGLang flags gpu-serving writes",
         "",
@@ -169,9 +164,12 @@ def markdown() -> str:
     for row in FLAGS:
         if row.form == REFUSED:
             continue
-        default = "" if row.declare is None else _default(row.declare[1])
-        default = "(not written)" if default is None and row.declare is not None else (
-            str(default).lower() if isinstance(default, bool) else str(default))
+        field = sections[row.section].model_fields[row.attribute]
+        default = field.get_default(call_default_factory=True)
+        if default is None:
+            # A None the table declares leaves the flag out; config.py derives its own (model.path).
+            default = "(not written)" if row.declare is not None else "(derived: README)"
+        default = str(default).lower() if isinstance(default, bool) else str(default)
         written = {VALUE: "`--flag value`", SWITCH: "`--flag` when true"}[row.form]
         if row.form == VALUE and row.omit is not None:
             written += f", not when {row.omit}"
