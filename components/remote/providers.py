@@ -758,10 +758,10 @@ class ReadinessProvider(ResourceProvider):
         verdict = R.judge_now(obs)
         if verdict.outcome == R.READY and info_read is None:
             info_read = probe.server_info(t, reads.probe_address(props["bind"]), int(props["port"]))
-        report = R.build_report(verdict, unit=props["unit"], declared=props["declared"], checked_at=probe.now_iso(),
-                                url=f"http://{reads.probe_address(props['bind'])}:{int(props['port'])}", info_read=info_read)
-        report.seconds_to_ready = None
-        return report
+        # The same builder as the wait's (probe.wait_ready): on the same answer, the same report
+        # but for seconds_to_ready, which only a start measures (tests/test_readiness_paths.py).
+        return R.build_report(verdict, unit=props["unit"], declared=props["declared"], checked_at=probe.now_iso(),
+                              url=f"http://{reads.probe_address(props['bind'])}:{int(props['port'])}", info_read=info_read)
 
     def _converge(self, props) -> dict:
         """An up that did not restart the unit: look, and wait for a server that is loading (it
