@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.core import flags
 from components.core.config import SECTIONS, parse_settings
 from components.core.errors import ConfigError, SettingError
 from components.core.plan import build_plan, build_plans, check_stack, plan_stack, stack_names
@@ -284,6 +285,23 @@ VALID = {
     ("cuda", "aptRepository"): "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
     ("venv", "path"): "/root/venv_sglang211", ("venv", "python"): "3.12", ("venv", "wheelhouse"): "/srv/wheels",
 }
+
+
+def _first_choice(annotation):
+    import typing
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is typing.Literal:
+            return typing.get_args(arg)[0]
+        choice = _first_choice(arg)
+        if choice is not None:
+            return choice
+    return None
+
+
+# A choice setting the flag table declares (a new SGLang flag: no edit here) takes its first choice.
+for _row in flags.FLAGS:
+    if _row.declare is not None and _first_choice(_row.declare[0]) is not None:
+        VALID.setdefault((_row.section, _row.key), _first_choice(_row.declare[0]))
 # Text in lists and maps: the item each variant replaces, and the setting the refusal names.
 LIST_VALID = {("serving", "extraArgs"): ["--log-level", "info"], ("serving", "conflictsWith"): ["pp8"],
               ("venv", "packages"): ["sglang[all]==0.5.23"]}

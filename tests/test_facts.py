@@ -1,4 +1,5 @@
 """Fact parsers against real captures (tests/data/nvidia/) and data cases (tests/data/facts/)."""
+import re
 import dataclasses
 
 import pytest
@@ -96,3 +97,51 @@ def test_facts_stored_without_their_problem_still_name_no_gpus():
 def test_the_facts_script_ends_with_the_line_that_says_the_answer_is_whole():
     assert F.FACTS_SCRIPT.strip().splitlines()[-1] == "echo '@@end'"
     assert [line.split("'")[1][2:] for line in F.FACTS_SCRIPT.strip().splitlines()] == list(F.FACTS_SECTIONS)
+
+
+# ---------------------------------------------------------------------------------------------
+# One list of `systemctl show` properties (facts.UNIT_PROPERTIES): every script that reads a unit
+# asks for it, and every name a parser reads from an answer is in it.
+
+# Keys the parsers read that are not systemd properties: SERVING_SCRIPT's own lines (Stack=,
+# Cmdline=, Environ=) and /etc/os-release's ID.
+NOT_PROPERTIES = {"Stack", "Cmdline", "Environ", "ID"}
+
+
+def test_every_unit_read_asks_for_the_one_list():
+    from components.core import facts, reads, status, switch
+    from components.remote import probe
+    scripts = {"POLL_SCRIPT": reads.POLL_SCRIPT, "SNAPSHOT_SCRIPT": reads.SNAPSHOT_SCRIPT,
+               "SERVICE_SCRIPT": reads.SERVICE_SCRIPT, "SERVING_SCRIPT": status.SERVING_SCRIPT,
+               "MANAGED_UNITS_SCRIPT": switch.MANAGED_UNITS_SCRIPT, "START_SCRIPT": probe.START_SCRIPT}
+    for name, script in scripts.items():
+        lines = [line for line in script.splitlines() if "systemctl show -p" in line]
+        # SNAPSHOT_SCRIPT's wait loop asks one value (--value) every 0.2 s: one of the list.
+        single = [re.search(r"-p (\w+) --value", line) for line in lines if "--value" in line]
+        assert all(m and m.group(1) in facts.UNIT_PROPERTIES for m in single), name
+        asks = [line for line in lines if "--value" not in line]
+        assert asks and all(facts.SHOW_OPTIONS + " --" in line for line in asks), name
+    assert reads.unit_states(["u.service"])["argv"] == ["systemctl", "show", *facts.show_options(), "--", "u.service"]
+
+
+def test_every_property_a_parser_reads_is_asked_for():
+    import ast
+    from pathlib import Path
+
+    from components.core import facts
+    read: dict[str, set[str]] = {}
+    root = Path(facts.__file__).resolve().parent.parent
+    for path in [*root.glob("core/*.py"), *root.glob("remote/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            # props.get("ActiveState"), num("NRestarts"): a name read from a `systemctl show` answer
+            if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) and re.fullmatch(r"[A-Z][A-Za-z]+", node.args[0].value) \
+                    and (getattr(node.func, "attr", None) == "get" or getattr(node.func, "id", None) == "num"):
+                read.setdefault(node.args[0].value, set()).add(path.name)
+            # sed -n 's/^MainPID=//p' in a script
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for name in re.findall(r"s/\^([A-Z][A-Za-z]+)=", node.value):
+                    read.setdefault(name, set()).add(path.name)
+    assert {"ActiveState", "NRestarts", "ExecMainStatus", "ActiveEnterTimestampMonotonic"} <= set(read)
+    unasked = {name: files for name, files in read.items() if name not in facts.UNIT_PROPERTIES and name not in NOT_PROPERTIES}
+    assert not unasked, f"read but never asked for (add to facts.UNIT_PROPERTIES): {unasked}"

@@ -26,11 +26,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
 
+from . import flags
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .profiles import PROFILES
 
@@ -88,11 +90,6 @@ MAX_APT_LINE = 1024
 # moe_a2a_backend values for which SGLang overwrites ep_size with tp_size
 # (server_args.py, _handle_a2a_moe); "none" keeps the declared ep_size.
 A2A_BACKENDS = ("deepep", "deepep_v2", "mooncake", "nixl", "mori", "pplx", "flashinfer", "megamoe", "ascend_fuseep")
-ATTENTION_BACKENDS = (
-    "triton", "torch_native", "flex_attention", "fa3", "fa4", "flashinfer", "flashmla",
-    "cutlass_mla", "trtllm_mla", "cutedsl_mla", "trtllm_mha", "aiter",
-)
-GRAMMAR_BACKENDS = ("xgrammar", "outlines", "llguidance", "none")
 
 
 def _bounded(value: str, limit: int, what: str) -> str:
@@ -507,27 +504,28 @@ class StrategySettings(Settings):
 
 
 
-class ServingSettings(Settings):
-    port: int = Field(30001, ge=1024, le=65535)
-    host: _text(64, "IP address to bind", None, _bind) = "0.0.0.0"
-    mem_fraction_static: float = Field(0.88, gt=0, lt=1)
-    context_length: int = Field(32768, ge=1, le=10_000_000)
-    max_running_requests: Optional[int] = Field(64, ge=1, le=100_000)
-    attention_backend: Optional[Literal[ATTENTION_BACKENDS]] = "triton"
-    grammar_backend: Optional[Literal[GRAMMAR_BACKENDS]] = "none"
-    trust_remote_code: bool = True
-    speculative_algorithm: Optional[Literal["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"]] = None
+# The serving settings. Those that are nothing but an SGLang flag (memFractionStatic,
+# maxRunningRequests, cudaGraphMaxBs, ...) are declared by the flag table (flags.py), after port
+# and host; the ones below them mean more than a flag.
+ServingSettings = create_model(
+    "ServingSettings",
+    __base__=Settings,
+    __module__=__name__,
+    port=(int, Field(30001, ge=1024, le=65535)),
+    host=(_text(64, "IP address to bind", None, _bind), "0.0.0.0"),
+    **flags.declared("serving"),
     # Each item is checked on its own, so a refusal names it (serving.extraArgs[3]).
-    extra_args: list[ExtraArg] = Field(default_factory=list, max_length=MAX_ARGS)
+    extra_args=(list[ExtraArg], Field(default_factory=list, max_length=MAX_ARGS)),
     # Written once, to the shared EnvironmentFile of every strategy unit of this model.
-    environment: dict[EnvKey, EnvValue] = Field(default_factory=dict, max_length=MAX_ENV)
-    unit_prefix: _text(MAX_NAME, "unit name prefix (letters, digits, . _ -)", UNIT_PREFIX) = "sglang"
-    environment_dir: AbsPath = "/etc/gpu-serving"
+    environment=(dict[EnvKey, EnvValue], Field(default_factory=dict, max_length=MAX_ENV)),
+    unit_prefix=(_text(MAX_NAME, "unit name prefix (letters, digits, . _ -)", UNIT_PREFIX), "sglang"),
+    environment_dir=(AbsPath, "/etc/gpu-serving"),
     # Strategy units this one must never run beside (systemd Conflicts=). Default: every
     # strategy that has a Pulumi.<strategy>.yaml in the project.
-    conflicts_with: Optional[list[Name]] = Field(None, max_length=MAX_CONFLICTS)
-    restart_sec: int = Field(30, ge=1, le=3600)
-    timeout_start_sec: int = Field(3600, ge=60, le=86400)
+    conflicts_with=(Optional[list[Name]], Field(None, max_length=MAX_CONFLICTS)),
+    restart_sec=(int, Field(30, ge=1, le=3600)),
+    timeout_start_sec=(int, Field(3600, ge=60, le=86400)),
+)
 
 
 def _apt_repository(v: str) -> str:

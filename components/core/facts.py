@@ -107,6 +107,28 @@ def parse_os_release(text: str) -> dict[str, str]:
     return out
 
 
+# The `systemctl show` properties of a unit, one list for every read of one: the scripts that read
+# units (reads.POLL_SCRIPT and SERVICE_SCRIPT, status.SERVING_SCRIPT, switch.MANAGED_UNITS_SCRIPT,
+# probe.START_SCRIPT) ask for all of them, whatever each needs, so a parser never looks for a name
+# its script did not ask for (tests/test_facts.py checks every name the parsers read is here).
+# A dozen short lines per unit; Exec* properties (multi-line values) are never among them.
+UNIT_PROPERTIES = (
+    "Id",  # the unit's name (empty for a unit systemd does not know)
+    "ActiveState", "UnitFileState", "LoadState",
+    "NeedDaemonReload",  # the unit file changed under systemd: daemon-reload before a start
+    "MainPID", "NRestarts", "SubState", "Result", "ExecMainStatus",
+    "ActiveEnterTimestamp",  # shown as "since" (status)
+    "ActiveEnterTimestampMonotonic",  # the uptime, against /proc/uptime (status)
+)
+# The options that ask for them, for a script (`systemctl show $SHOW_OPTIONS -- unit...`).
+SHOW_OPTIONS = " ".join(f"-p {p}" for p in UNIT_PROPERTIES)
+
+
+def show_options() -> list[str]:
+    """SHOW_OPTIONS as argv words (`systemctl show *show_options() -- unit...`)."""
+    return [w for p in UNIT_PROPERTIES for w in ("-p", p)]
+
+
 def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
     """``systemctl show -p A -p B unit1 unit2``: blocks separated by blank lines, one per unit,
     keyed by each block's ``Id``. Only Exec* values span lines, and we never ask for those."""

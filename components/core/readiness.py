@@ -87,6 +87,13 @@ def phase_of(obs: Observation) -> str:
     return "generating"
 
 
+def _generation_fails(obs: Observation) -> str:
+    """The reason of every `unhealthy` that comes from /health_generate, the wait's and the
+    refresh's alike (a refresh never reads the journal, so it never says "logged ready")."""
+    logged = " (it logged ready)" if obs.logged_ready else ""
+    return f"the server is up{logged} but /health_generate answers {obs.health}: generation fails"
+
+
 def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: bool = False,
           unhealthy_after: Optional[float] = None) -> Verdict:
     """One poll's verdict. `baseline` is the unit right after `systemctl start`.
@@ -115,8 +122,7 @@ def judge(baseline: UnitState, obs: Observation, deadline: float, ever_healthy: 
     if obs.health not in (0, 503) or (obs.health == 503 and obs.logged_ready):
         limit = deadline if unhealthy_after is None else min(deadline, unhealthy_after)
         if obs.elapsed >= limit or obs.health not in (0, 503):
-            return Verdict(UNHEALTHY, "generating",
-                           f"the server is up (it logged ready) but /health_generate answers {obs.health}: generation fails")
+            return Verdict(UNHEALTHY, "generating", _generation_fails(obs))
     if obs.elapsed >= deadline:
         return Verdict(TIMED_OUT, phase_of(obs),
                        f"still {phase_of(obs)} after {obs.elapsed:.0f} s (readiness.timeoutSeconds)")
@@ -141,8 +147,7 @@ def judge_now(obs: Observation) -> Verdict:
     if obs.health == 503:
         return Verdict(LOADING, "warming up", "the server answers /health_generate with 503: warming up, "
                                               "or generation fails")
-    return Verdict(UNHEALTHY, "generating", f"the server is up but /health_generate answers {obs.health}: "
-                                            "generation fails")
+    return Verdict(UNHEALTHY, "generating", _generation_fails(obs))
 
 
 def _number(value: Any) -> Optional[float]:

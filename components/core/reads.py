@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import cuda, status, venv
-from .facts import FACTS_SCRIPT
+from .facts import FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
 from .unit import UNIT_DIR
 
 if TYPE_CHECKING:
@@ -32,16 +32,14 @@ if TYPE_CHECKING:
 # Timeout of the installers' read-only probes (cuda toolkit, venv, wheelhouse digests).
 PROBE_TIMEOUT = 120
 
-# The unit properties readiness compares between two polls.
-UNIT_PROPS = ["ActiveState", "SubState", "MainPID", "NRestarts", "Result", "ExecMainStatus"]
-# The unit properties the service resource reads (its state, and what a switch needs to know).
-SERVICE_PROPS = ["Id", "ActiveState", "UnitFileState", "LoadState", "NeedDaemonReload", "MainPID", "NRestarts",
-                 "SubState", "Result", "ExecMainStatus"]
+# What every unit read asks systemctl (facts.UNIT_PROPERTIES); the names of before, kept for
+# their importers.
+UNIT_PROPS = SERVICE_PROPS = list(UNIT_PROPERTIES)
 
 # $1 unit, $2 probe address, $3 port, $4 generation timeout, $5 start time (epoch seconds; "-": do
 # not read the journal, e.g. on refresh, where a busy server's day of logs would be scanned)
 POLL_SCRIPT = r"""
-systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$1"
+systemctl show """ + SHOW_OPTIONS + r""" -- "$1"
 echo @@health
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time "$4" "http://$2:$3/health_generate"); echo "$code $?"
 echo @@ready
@@ -80,11 +78,11 @@ if [ "$code" = 200 ]; then set -- "$2" "$3"
 fi
 """
 
-# $1 unit: its state (SERVICE_PROPS, as `unit_states`), then what its main process runs, taken
+# $1 unit: its state (UNIT_PROPERTIES, as `unit_states`), then what its main process runs, taken
 # from the same MainPID: /proc/<pid>/cmdline and /proc/<pid>/environ (NUL-separated, so base64),
 # and the service manager's own environment (what systemd gives every service).
 SERVICE_SCRIPT = r"""
-show=$(systemctl show """ + " ".join(f"-p {p}" for p in SERVICE_PROPS) + r""" -- "$1") || exit $?
+show=$(systemctl show """ + SHOW_OPTIONS + r""" -- "$1") || exit $?
 printf '%s\n' "$show"
 pid=$(printf '%s\n' "$show" | sed -n 's/^MainPID=//p')
 echo @@cmdline
@@ -118,8 +116,8 @@ def file_mode(path: str) -> dict:
 # --- the requests, by what they read --------------------------------------------------------
 
 def unit_states(units: list[str]) -> dict:
-    """`systemctl show` of the service's properties for `units` (blocks in argument order)."""
-    return command(["systemctl", "show", *sum((["-p", p] for p in SERVICE_PROPS), []), "--", *units],
+    """`systemctl show` of the unit properties for `units` (blocks in argument order)."""
+    return command(["systemctl", "show", *show_options(), "--", *units],
                    purpose="reading unit states", timeout=30, check=True)
 
 

@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .facts import SHOW_OPTIONS
 from .readiness import flag_groups
 from .unit import MARKER_KEY, UNIT_DIR
 
@@ -34,7 +35,7 @@ for f in $(grep -l -s -e '^""" + MARKER_KEY + r"""=' -e '^# Managed by gpu-servi
   stack=$(sed -n 's/^""" + MARKER_KEY + r"""=//p' "./$f" | head -n 1)
   [ -n "$stack" ] || stack=$(sed -n 's/^# Managed by gpu-serving (stack \([^)]*\)).*/\1/p' "./$f" | head -n 1)
   echo "Stack=$stack"
-  show=$(systemctl show -p ActiveState -p SubState -p UnitFileState -p MainPID -p ActiveEnterTimestamp -p ActiveEnterTimestampMonotonic -- "$f")
+  show=$(systemctl show """ + SHOW_OPTIONS + r""" -- "$f")
   printf '%s\n' "$show"
   pid=$(printf '%s\n' "$show" | sed -n 's/^MainPID=//p')
   if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then

@@ -11,8 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from . import flags
 from .config import A2A_BACKENDS, NAMESPACE, StackSettings
 from .errors import SettingError, shown
+from .unit import unit_name
 
 S = f"{NAMESPACE}:strategy"
 SERVING = f"{NAMESPACE}:serving"
@@ -24,29 +26,10 @@ DEPRECATED_FLAGS = {
 }
 # Prefixes that argparse cannot resolve to one flag (--pp matches --pp-size, --pp-max-micro-batch-size, ...).
 AMBIGUOUS_FLAGS = {"--pp": "--pp-size (strategy.ppSize)"}
-# Flags gpu-serving writes itself from a setting: giving them in extraArgs would write a flag
-# twice and hide the declared layout.
-OWNED_FLAGS = {
-    "--model-path": "model.path", "--model": "model.path",
-    "--served-model-name": "model.servedName",
-    "--tp-size": "strategy.tpSize", "--tensor-parallel-size": "strategy.tpSize", "--tp": "strategy.tpSize",
-    "--pp-size": "strategy.ppSize", "--pipeline-parallel-size": "strategy.ppSize",
-    "--dp-size": "strategy.dpSize", "--data-parallel-size": "strategy.dpSize", "--dp": "strategy.dpSize",
-    "--ep-size": "strategy.epSize", "--expert-parallel-size": "strategy.epSize", "--ep": "strategy.epSize",
-    "--enable-dp-attention": "strategy.enableDpAttention",
-    "--moe-a2a-backend": "strategy.moeA2aBackend",
-    "--host": "serving.host", "--port": "serving.port",
-    "--mem-fraction-static": "serving.memFractionStatic",
-    "--context-length": "serving.contextLength",
-    "--max-running-requests": "serving.maxRunningRequests",
-    "--attention-backend": "serving.attentionBackend",
-    "--grammar-backend": "serving.grammarBackend",
-    "--trust-remote-code": "serving.trustRemoteCode",
-    "--speculative-algorithm": "serving.speculativeAlgorithm",
-    "--nnodes": "(multi-node is not supported by this program yet)",
-    "--node-rank": "(multi-node is not supported by this program yet)",
-    "--dist-init-addr": "(multi-node is not supported by this program yet)",
-}
+# Flags gpu-serving writes itself from a setting (in every spelling SGLang accepts), or refuses
+# (multi-node): giving them in extraArgs would write a flag twice and hide the declared layout.
+# From the flag table (flags.py).
+OWNED_FLAGS = flags.owned()
 
 
 @dataclass(frozen=True)
@@ -228,7 +211,7 @@ def check_unit_name(settings: StackSettings) -> list[SettingError]:
     if settings.strategy.name is None and not STACK_STRATEGY.fullmatch(name):
         return [SettingError(f"{S}.name", f"the stack name {shown(name)} cannot name a systemd unit",
                              "set strategy.name (lower-case letters, digits, _ -)")]
-    unit = f"{settings.serving.unit_prefix}-{settings.model.name}-{name}.service"
+    unit = unit_name(settings)
     if len(unit) > UNIT_NAME_MAX or not UNIT_NAME.fullmatch(unit):
         return [SettingError(f"{SERVING}.unitPrefix", f"the unit name {shown(unit)} is not one systemd accepts "
                              f"(at most {UNIT_NAME_MAX} characters of letters, digits, : _ . -)",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from . import flags
 from .config import ENV_KEY, NAMESPACE, StackSettings
 from .errors import ConfigError, SettingError, shown
 
@@ -102,6 +103,8 @@ def systemd_quote(arg: str) -> str:
 
 
 def unit_name(settings: StackSettings, strategy: str | None = None) -> str:
+    """The one builder of a strategy's unit name (`strategy` None: this stack's own): the
+    renderer, Conflicts= and strategy.check_unit_name all ask here."""
     return f"{settings.serving.unit_prefix}-{settings.model.name}-{strategy or settings.strategy_name}.service"
 
 
@@ -151,37 +154,12 @@ def render_environment(env: dict[str, str], secrets: dict[str, str] | None = Non
 
 
 def _argv(settings: StackSettings) -> list[tuple[str, str]]:
-    """ExecStart's words, each with the setting it comes from (named in a refusal)."""
-    s, m, v = settings.serving, settings.model, settings.strategy
-    S, M, V = f"{NAMESPACE}:serving", f"{NAMESPACE}:model", f"{NAMESPACE}:strategy"
-    words: list[tuple[str, str]] = []
-
-    def add(where: str, *items: str) -> None:
-        words.extend((where, item) for item in items)
-    add(f"{NAMESPACE}:venv.path", f"{settings.venv.path}/bin/python")
-    add("ExecStart", "-m", "sglang.launch_server")
-    add(f"{M}.path", "--model-path", m.path)
-    add(f"{M}.servedName", "--served-model-name", m.served_name)
-    add(V, "--tp-size", str(v.tp_size), "--pp-size", str(v.pp_size), "--ep-size", str(v.ep_size), "--dp-size", str(v.dp_size))
-    if v.enable_dp_attention:
-        add(f"{V}.enableDpAttention", "--enable-dp-attention")
-    if v.moe_a2a_backend != "none":
-        add(f"{V}.moeA2aBackend", "--moe-a2a-backend", v.moe_a2a_backend)
-    add(S, "--mem-fraction-static", f"{s.mem_fraction_static:g}", "--context-length", str(s.context_length))
-    if s.max_running_requests is not None:
-        add(f"{S}.maxRunningRequests", "--max-running-requests", str(s.max_running_requests))
-    if s.attention_backend:
-        add(f"{S}.attentionBackend", "--attention-backend", s.attention_backend)
-    if s.grammar_backend:
-        add(f"{S}.grammarBackend", "--grammar-backend", s.grammar_backend)
-    if s.trust_remote_code:
-        add(f"{S}.trustRemoteCode", "--trust-remote-code")
-    if s.speculative_algorithm:
-        add(f"{S}.speculativeAlgorithm", "--speculative-algorithm", s.speculative_algorithm)
-    add(f"{S}.host", "--host", s.host)
-    add(f"{S}.port", "--port", str(s.port))
-    for i, arg in enumerate(s.extra_args):
-        add(f"{S}.extraArgs[{i}]", arg)
+    """ExecStart's words, each with the setting it comes from (named in a refusal): the
+    interpreter, the flags of the flag table (flags.py), then serving.extraArgs."""
+    words = [(f"{NAMESPACE}:venv.path", f"{settings.venv.path}/bin/python"),
+             ("ExecStart", "-m"), ("ExecStart", "sglang.launch_server")]
+    words += flags.words(settings, NAMESPACE)
+    words += [(f"{NAMESPACE}:serving.extraArgs[{i}]", arg) for i, arg in enumerate(settings.serving.extra_args)]
     return words
 
 

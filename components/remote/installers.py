@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
-import sys
 from pathlib import Path
 
 from pulumi.dynamic import (
@@ -32,28 +31,12 @@ from ..core import reads
 from ..core import venv as V
 from ..core.reads import PROBE_TIMEOUT
 from . import identity, ssh
+from .common import changed as _changed
+from .common import progress as _progress
+from .common import require_target as _target
 
 INSTALL_LOCK = "/run/lock/gpu-serving-install.lock"
 LOCK_WAIT = 1800  # seconds to wait for another stack's install on the same host
-
-
-def _progress(message: str) -> None:
-    # The engine shows a provider's stderr in the update's output.
-    print(message, file=sys.stderr, flush=True)
-
-
-def _target(props: dict) -> ssh.Target:
-    c = props.get("connection") or {}
-    if c.get("unavailable"):
-        raise ssh.RemoteError(c["unavailable"])
-    return ssh.Target.from_props(props)
-
-
-def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    # A connection by where and how it connects: a label added to it is no change of the host.
-    def value(props, k):
-        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
-    return [k for k in keys if value(olds, k) != value(news, k)]
 
 
 def _locked(argv: list[str]) -> list[str]:

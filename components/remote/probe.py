@@ -8,14 +8,13 @@ from typing import Any, Callable, Optional
 
 from ..core import readiness as R
 from ..core import reads
-from ..core.facts import parse_systemctl_show, split_sections
+from ..core.facts import SHOW_OPTIONS, parse_systemctl_show, show_options, split_sections
 
 # The read-only scripts live with the read requests (reads.py, pure); named here too.
 from ..core.reads import (  # noqa: F401
     INFO_SCRIPT,
     POLL_SCRIPT,
     SNAPSHOT_SCRIPT,
-    UNIT_PROPS,
     probe_address,
 )
 from . import ssh
@@ -31,12 +30,12 @@ verb=$1; unit=$2
 systemctl reset-failed -- "$unit" 2>/dev/null
 systemctl "$verb" -- "$unit" 2>&1; echo "@@rc=$?"
 echo @@unit
-systemctl show -p ActiveState -p SubState -p MainPID -p NRestarts -p Result -p ExecMainStatus -- "$unit"
+systemctl show """ + SHOW_OPTIONS + r""" -- "$unit"
 """
 
 
 def unit_state(t: ssh.Target, unit: str) -> R.UnitState:
-    out = ssh.run(t, ["systemctl", "show", *sum((["-p", p] for p in UNIT_PROPS), []), "--", unit],
+    out = ssh.run(t, ["systemctl", "show", *show_options(), "--", unit],
                   purpose=f"reading the state of {unit}", timeout=30, read=True)
     return R.UnitState.from_show(next(iter(parse_systemctl_show(out.stdout).values()), {}))
 

@@ -41,6 +41,9 @@ from ..core.facts import (
     split_sections,
 )
 from . import identity, probe, ssh
+from .common import changed as _changed
+from .common import progress as _progress
+from .common import require_target as _require_target
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
 # How long a file write waits for the host lock when no readiness settings say otherwise.
@@ -141,11 +144,6 @@ def _clean_errors_in_provider_process() -> None:
 _clean_errors_in_provider_process()
 
 
-def _progress(message: str) -> None:
-    # The engine shows a provider's stderr in the update's output: progress, not silence.
-    print(message, file=sys.stderr, flush=True)
-
-
 def _who(props: dict) -> str:
     """The fleet entry a message is about (`hosts[gpu2]: `), so a fleet's lines and errors name their
     host; empty for the one-host form."""
@@ -172,21 +170,6 @@ def _secrets(props: dict) -> list[str]:
     values = [props.get("connection", {}).get("privateKey", "")]
     values += list((props.get("secretEnvironment") or {}).values())
     return [v for v in values if v]
-
-
-def _changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    # A connection by where and how it connects: a label added to it is no change of the host.
-    def value(props, k):
-        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
-    return [k for k in keys if value(olds, k) != value(news, k)]
-
-
-def _require_target(props: dict, stored: bool = False) -> ssh.Target:
-    """`stored`: the props are the state's (a delete), so messages say where its key comes from."""
-    c = props.get("connection") or {}
-    if c.get("unavailable"):
-        raise ssh.RemoteError(c["unavailable"])
-    return ssh.Target.from_props(props, stored=stored)
 
 
 def _warm_imports() -> None:
@@ -775,10 +758,10 @@ class ReadinessProvider(ResourceProvider):
         verdict = R.judge_now(obs)
         if verdict.outcome == R.READY and info_read is None:
             info_read = probe.server_info(t, reads.probe_address(props["bind"]), int(props["port"]))
-        report = R.build_report(verdict, unit=props["unit"], declared=props["declared"], checked_at=probe.now_iso(),
-                                url=f"http://{reads.probe_address(props['bind'])}:{int(props['port'])}", info_read=info_read)
-        report.seconds_to_ready = None
-        return report
+        # The same builder as the wait's (probe.wait_ready): on the same answer, the same report
+        # but for seconds_to_ready, which only a start measures (tests/test_readiness_paths.py).
+        return R.build_report(verdict, unit=props["unit"], declared=props["declared"], checked_at=probe.now_iso(),
+                              url=f"http://{reads.probe_address(props['bind'])}:{int(props['port'])}", info_read=info_read)
 
     def _converge(self, props) -> dict:
         """An up that did not restart the unit: look, and wait for a server that is loading (it

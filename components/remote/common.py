@@ -1,0 +1,30 @@
+"""What every dynamic provider of remote/ does the same way: where it connects, how it reports
+progress, which of its props changed. One copy, imported by providers.py and installers.py."""
+from __future__ import annotations
+
+import sys
+
+from . import ssh
+
+
+def progress(message: str) -> None:
+    # The engine shows a provider's stderr in the update's output: progress, not silence.
+    print(message, file=sys.stderr, flush=True)
+
+
+def require_target(props: dict, stored: bool = False) -> ssh.Target:
+    """The SSH target of a resource's props; a connection the program could not resolve (its
+    `unavailable` says why) is refused here. `stored`: the props are the state's (a delete), so
+    messages say where its key comes from."""
+    c = props.get("connection") or {}
+    if c.get("unavailable"):
+        raise ssh.RemoteError(c["unavailable"])
+    return ssh.Target.from_props(props, stored=stored)
+
+
+def changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
+    """The `keys` whose value differs between the old and new props (a provider's diff)."""
+    # A connection by where and how it connects: a label added to it is no change of the host.
+    def value(props, k):
+        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
+    return [k for k in keys if value(olds, k) != value(news, k)]
