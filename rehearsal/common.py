@@ -160,3 +160,23 @@ def safe_rmtree(path: Path) -> None:
         return
     umount_all_under(path)
     run(["rm", "-rf", "--one-file-system", str(path)], timeout=600)
+
+
+# Every rehearsal host's systemd, logind and dbus run as this machine's root (no user namespace),
+# so all hosts share root's inotify budget. Each booted host holds 7 inotify instances; the
+# kernel's default of 128 per user stops the ~18th host's systemd at boot ("Failed to allocate
+# manager object: Too many open files"), which a full test run reaches. Only ever raised.
+INOTIFY_FLOORS = {"max_user_instances": 8192, "max_user_watches": 524288}
+
+
+def ensure_inotify_room(proc_dir: Path = Path("/proc/sys/fs/inotify")) -> list[str]:
+    """Raise this machine's inotify limits to INOTIFY_FLOORS where they are lower; return what
+    changed, as `name old -> new` strings (empty when nothing did)."""
+    changed = []
+    for name, floor in INOTIFY_FLOORS.items():
+        path = proc_dir / name
+        current = int(path.read_text().strip())
+        if current < floor:
+            path.write_text(f"{floor}\n")
+            changed.append(f"fs.inotify.{name} {current} -> {floor}")
+    return changed

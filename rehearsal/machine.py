@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .common import (RehearsalError, flock, global_lock, instance_dir, instances_root, log,
-                     mounts_under, require_root, require_tools, run, run_root, safe_rmtree,
+from .common import (RehearsalError, ensure_inotify_room, flock, global_lock, instance_dir,
+                     instances_root, log, mounts_under, require_root, require_tools, run, run_root, safe_rmtree,
                      state_dir, umount_all_under, write_file)
 from .network import (MAX_INDEX, SUBNET_PREFIX, isolate_range, netns_name, network_down,
                       network_up, port_open, subnet, veth_name)
@@ -615,6 +615,8 @@ def _stop_container(name: str, pid: int, timeout: float) -> None:
 
 def _boot(cfg: InstanceConfig, timeout: float) -> HostInfo:
     name = cfg.name
+    for change in ensure_inotify_room():
+        log(f"raised {change}: every rehearsal host's systemd shares root's inotify budget")
     sdir = state_dir(name)
     sdir.mkdir(parents=True, exist_ok=True)
     os.chmod(sdir, 0o755)

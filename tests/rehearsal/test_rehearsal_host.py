@@ -285,3 +285,32 @@ def test_failed_boot_is_cleaned_up(rehearsal_host_factory):
     assert machine.container_pids(info.name) == []
     again = host.up(info.name)  # and the next up works
     assert ok(again, "systemctl is-system-running").strip() in ("running", "degraded")
+
+
+# ---------------------------------------------------------------------------------------------
+# Room for many hosts: every host's systemd draws on root's inotify budget
+
+def test_inotify_limits_are_raised_never_lowered(tmp_path):
+    from rehearsal.common import INOTIFY_FLOORS, ensure_inotify_room
+    (tmp_path / "max_user_instances").write_text("128\n")
+    (tmp_path / "max_user_watches").write_text("9999999\n")
+    changed = ensure_inotify_room(tmp_path)
+    assert changed == [f"fs.inotify.max_user_instances 128 -> {INOTIFY_FLOORS['max_user_instances']}"]
+    assert int((tmp_path / "max_user_instances").read_text()) == INOTIFY_FLOORS["max_user_instances"]
+    assert (tmp_path / "max_user_watches").read_text() == "9999999\n"
+    assert ensure_inotify_room(tmp_path) == []
+
+
+def test_booting_a_host_makes_room_for_the_next_ones(rehearsal_host_factory):
+    """A fresh machine has 128 inotify instances for root and each host holds 7: the boot must
+    raise it (a CI run with ~20 hosts up at once failed at boot before it did)."""
+    from rehearsal.common import INOTIFY_FLOORS
+    limit = Path("/proc/sys/fs/inotify/max_user_instances")
+    before = limit.read_text()
+    limit.write_text("128\n")  # the kernel default, as on a fresh CI machine
+    try:
+        rehearsal_host_factory()
+        assert int(limit.read_text()) >= INOTIFY_FLOORS["max_user_instances"]
+    finally:
+        if int(limit.read_text()) < int(before):
+            limit.write_text(before)
