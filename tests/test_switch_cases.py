@@ -1,21 +1,109 @@
-"""The switch decision (components/core/switch.py) as data: the units a host has in, the steps out
-(tests/data/switch/*.json), and the parser of the script that lists them."""
+"""The switch plan (components/core/switch.py) as data: what the host has and what the stack
+declares in, the ordered steps out (tests/data/switch/*.json), with the steps that undo a failed
+start; the restart decision (switch/restart/), the port holder (switch/listeners/) and the parser
+of the script that lists the units."""
 import pytest
 
-from components.core.switch import MANAGED_UNITS_SCRIPT, decide, parse_managed_units
+from components.core.switch import (
+    ACTIONS,
+    MANAGED_UNITS_SCRIPT,
+    Step,
+    foreign_listener,
+    parse_managed_units,
+    plan,
+    why_restart,
+)
 from components.core.unit import MARKER_KEY
 
 from .casedata import cases
 
-DECISIONS = [(n, c) for n, c in cases("switch") if "expect" in c]
+PLANS = [(n, c) for n, c in cases("switch") if "declared" in c]
 OUTPUTS = [(n, c) for n, c in cases("switch") if "stdout" in c]
+RESTARTS = cases("switch/restart")
+LISTENERS = cases("switch/listeners")
 
 
-@pytest.mark.parametrize("name,case", DECISIONS, ids=[n for n, _ in DECISIONS])
-def test_switch_decision(name, case):
-    steps = decide(case["unit"], case["units"], restart=case["restart"], active=case.get("active", True),
-                   enabled=case.get("enabled", True))
-    assert steps.as_dict() == case["expect"]
+def _plan(case):
+    d, h = case["declared"], case["host"]
+    return plan(d["unit"], h["units"], restart=d["restart"], active=d["active"], enabled=d["enabled"],
+                port_holder=h["port_holder"], port=d["port"], host=h["label"])
+
+
+@pytest.mark.parametrize("name,case", PLANS, ids=[n for n, _ in PLANS])
+def test_switch_plan(name, case):
+    assert _plan(case).as_dict() == case["expect"]
+
+
+def test_every_case_file_is_a_plan_or_a_listing():
+    # A case file of another shape would be skipped by both tests above without a word.
+    assert len(PLANS) + len(OUTPUTS) == len(cases("switch"))
+
+
+def test_no_commands_cases_say_why():
+    noops = [(n, c) for n, c in PLANS if not c["expect"]["steps"]]
+    assert len(noops) >= 3
+    for name, case in noops:
+        assert case["expect"]["reason"], name
+        assert case["expect"]["refused"] or "nothing to" in case["expect"]["reason"], name
+
+
+@pytest.mark.parametrize("name,case", PLANS, ids=[n for n, _ in PLANS])
+def test_plan_invariants(name, case):
+    """What every plan keeps, whatever the host: the target starts after every other strategy
+    stopped and before anything is enabled; only the target is enabled; a failure stops the target
+    first and puts the files back before anything starts again."""
+    p, unit = _plan(case), case["declared"]["unit"]
+    kinds = [s.action for s in p.steps]
+    assert all(s.action in ACTIONS for s in p.steps + p.on_failure)
+    assert kinds.count("daemon-reload") <= 1 and kinds[1:].count("daemon-reload") == 0
+    assert all(s.units == (unit,) for s in p.steps if s.action in ("enable", "start", "restart"))
+    assert all(unit not in s.units for s in p.steps if s.action == "disable")
+    if p.starts:
+        at = p.steps.index(p.starts)
+        assert all(i < at for i, s in enumerate(p.steps) if s.action == "stop")
+        assert all(i > at for i, s in enumerate(p.steps) if s.action in ("enable", "disable"))
+        assert p.on_failure[0] == Step("stop", (unit,))
+        restore = p.on_failure.index(Step("restore-files"))
+        assert all(i > restore for i, s in enumerate(p.on_failure) if s.action == "start")
+        assert (p.rollback_to is None) == (not any(s.action == "start" for s in p.on_failure))
+    else:
+        assert p.on_failure == [] and p.rollback_to is None
+    if p.refused:
+        assert p.steps == [] and "nothing was stopped" in p.refused
+
+
+def test_progress_line_names_what_stops():
+    by_name = dict(PLANS)
+    assert _plan(by_name["switch-stops-the-serving-one-and-disables-the-rest"]).progress == \
+        "starting (stops sglang-kimi-k2.6-tp8.service)"
+    assert _plan(by_name["started-by-hand-beside-the-serving-one-is-stopped"]).progress == \
+        "serving (stops sglang-kimi-k2.6-ep8.service)"
+    assert _plan(by_name["first-deploy-nothing-else"]).progress == "starting"
+    assert _plan(by_name["serving-unchanged-is-a-noop"]).progress is None
+    assert _plan(by_name["declared-stopped"]).progress is None
+
+
+def test_an_unknown_step_is_refused():
+    with pytest.raises(ValueError, match="unknown switch step 'reboot'"):
+        Step("reboot")
+
+
+@pytest.mark.parametrize("name,case", RESTARTS, ids=[n for n, _ in RESTARTS])
+def test_why_restart(name, case):
+    asked = []
+
+    def running_now():
+        asked.append(True)
+        return case["running_now"]
+
+    assert why_restart(case["olds"], case["news"], running_now) == case["expect"]
+    # The process is read only for a state written by an earlier version (one more round trip).
+    assert bool(asked) == case["reads_the_process"]
+
+
+@pytest.mark.parametrize("name,case", LISTENERS, ids=[n for n, _ in LISTENERS])
+def test_port_holder(name, case):
+    assert foreign_listener(case["ss"], case["cgroups"], case["ours"]) == case["expect"]
 
 
 @pytest.mark.parametrize("name,case", OUTPUTS, ids=[n for n, _ in OUTPUTS])

@@ -1,5 +1,7 @@
-"""The switch decision: from the gpu-serving units the host has, which to stop, which to disable,
-and whether to start the target. Pure (state in, steps out; cases in tests/data/switch/).
+"""The switch as a plan: from what the host has (the gpu-serving units and their state, who holds
+the serving port) and what the stack declares, the ordered steps that make the declared unit the
+one strategy serving, and the steps that undo a failed start. Pure (state in, steps out; cases in
+tests/data/switch/); components/remote/providers.py only executes the steps, in order.
 
 Exclusivity (one strategy on the GPUs and the port) is decided here, at switch time, from what
 the host has, not from the strategy files of the project: a unit's text never names the other
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .facts import split_sections
+from .readiness import AS_DECLARED, NOT_RUNNING
 from .reads import SERVICE_PROPS
+from .status import is_superseded
 from .unit import MARKER_KEY, UNIT_DIR
 
 # Units written before the marker key carry only this header; both are recognised.
@@ -44,45 +48,159 @@ def parse_managed_units(stdout: str) -> dict[str, dict[str, str]]:
     return {n: (blocks[i] if i < len(blocks) else {}) for i, n in enumerate(names)}
 
 
+# What a switch does on the host, one action per step:
+# - daemon-reload: systemd reads the unit files again (a unit written or changed since it did);
+# - stop <units>: returns when they are down, so the next strategy never finds the GPUs or the
+#   port still held;
+# - start|restart <unit>: resets the unit's crash-loop counter first (a deliberate start is not a
+#   crash loop: StartLimitBurst would refuse the 4th switch within StartLimitIntervalSec), then
+#   waits for readiness, a real generation; when it fails, the plan's `on_failure` runs;
+# - enable <unit> / disable <units>: the serving strategy, and only it, comes back after a reboot;
+# - restore-files: the files this run replaced go back byte for byte (then daemon-reload when any).
+ACTIONS = ("daemon-reload", "stop", "start", "restart", "enable", "disable", "restore-files")
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str
+    units: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.action not in ACTIONS:
+            raise ValueError(f"unknown switch step {self.action!r}; one of {', '.join(ACTIONS)}")
+
+    def __str__(self) -> str:
+        return " ".join((self.action, *self.units))
+
+
 @dataclass
-class SwitchSteps:
-    """What a switch does, in this order: stop `stop` (and wait), start the target (`start`:
-    "start" | "restart" | None), then enable it when `enable` and disable `disable`.
-    `rollback_to`: the unit to start again when the target fails (None: nothing served)."""
-    stop: list[str] = field(default_factory=list)
-    start: Optional[str] = None
-    enable: bool = False
-    disable: list[str] = field(default_factory=list)
+class SwitchPlan:
+    """The steps that make `unit` what the stack declares, in order. `reason`: why these steps (or
+    why none); `previous`: the strategy that served and is stopped; `rollback_to`: the unit started
+    again when the start fails (None: nothing served before); `on_failure`: the steps that undo a
+    failed start; `refused`: the switch must not begin (no step runs), and the message says why."""
+    unit: str
+    steps: list[Step]
+    reason: str
+    previous: Optional[str] = None
     rollback_to: Optional[str] = None
+    on_failure: list[Step] = field(default_factory=list)
+    refused: Optional[str] = None
+
+    @property
+    def starts(self) -> Optional[Step]:
+        return next((s for s in self.steps if s.action in ("start", "restart")), None)
+
+    @property
+    def progress(self) -> Optional[str]:
+        """The line the switch shows before it stops or starts anything (None: it does neither)."""
+        stops = [u for s in self.steps if s.action == "stop" for u in s.units if u != self.unit]
+        if stops:
+            return ("starting" if self.starts else "serving") + f" (stops {', '.join(stops)})"
+        return "starting" if self.starts else None
 
     def as_dict(self) -> dict:
-        return {"stop": self.stop, "start": self.start, "enable": self.enable, "disable": self.disable,
-                "rollback_to": self.rollback_to}
+        return {"steps": [str(s) for s in self.steps], "reason": self.reason, "previous": self.previous,
+                "rollback_to": self.rollback_to, "on_failure": [str(s) for s in self.on_failure],
+                "refused": self.refused}
 
 
-def decide(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active: bool = True,
-           enabled: bool = True) -> SwitchSteps:
+def plan(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active: bool = True, enabled: bool = True,
+         port_holder: Optional[str] = None, port: Optional[int] = None, host: str = "the host") -> SwitchPlan:
     """The steps that make `unit` the one strategy serving (or, with `active` false, stopped).
 
-    `units`: the managed units of the host and their state (`parse_managed_units`); `restart`:
-    the declared configuration changed since the target last started."""
+    `units`: the managed units of the host and their state (`parse_managed_units`, `unit` among
+    them; {} when systemd does not know it); `restart`: the declared configuration changed since
+    the unit last started (`why_restart`); `port_holder`: a process that holds the serving port and
+    is not one of these units (`foreign_listener`); `host`: the host's label, for the messages."""
+    if port_holder:
+        return SwitchPlan(unit, [], f"port {port} is held by {port_holder}, not a gpu-serving strategy unit", refused=(
+            f"port {port} on {host} is held by {port_holder}, which is not a gpu-serving strategy unit; "
+            f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port."))
     own = units.get(unit, {})
+    # The unit file changed since systemd read it, or systemd does not know the unit yet.
+    reload = own.get("NeedDaemonReload") == "yes" or own.get("LoadState") in (None, "not-found")
+    steps = [Step("daemon-reload")] if reload else []
+    enable = [Step("enable", (unit,))] if enabled and own.get("UnitFileState") != "enabled" else []
+    if not active:
+        # Enabled first: a stopped unit declared enabled comes back after a reboot.
+        if own.get("ActiveState") == "inactive":
+            return SwitchPlan(unit, steps + enable, f"{unit} is declared stopped and does not run: nothing to stop")
+        return SwitchPlan(unit, steps + enable + [Step("stop", (unit,))], f"{unit} is declared stopped")
     others = [u for u in units if u != unit]
     # The active one first: the strategy that really served is the one to come back.
     running = sorted((u for u in others if units[u].get("ActiveState") in RUNNING),
                      key=lambda u: units[u].get("ActiveState") != "active")
-    enabled_others = [u for u in others if units[u].get("UnitFileState") == "enabled"]
+    previous = next((u for u in running if units[u].get("ActiveState") == "active"), None)
+    stop = [Step("stop", tuple(running))] if running else []
+    # Enabled only after it serves, the others disabled after that: an interrupted switch never
+    # leaves the failed strategy as the one a reboot brings back.
+    disable = [u for u in others if units[u].get("UnitFileState") == "enabled"] if enabled else []
+    after = enable + ([Step("disable", tuple(disable))] if disable else [])
     # A unit waiting to be restarted by systemd after a crash is not serving: it is started again.
     crash_looping = own.get("SubState") == "auto-restart"
     own_running = own.get("ActiveState") in ("active", "activating", "reloading") and not crash_looping
-    if not active:
-        return SwitchSteps(stop=[unit], enable=enabled and own.get("UnitFileState") != "enabled")
-    enable = enabled and own.get("UnitFileState") != "enabled"
-    disable = enabled_others if enabled else []
     if own_running and not restart:
         # Serving already: only another strategy that runs beside it (started by hand) goes.
-        return SwitchSteps(stop=running, enable=enable, disable=disable)
+        steps += stop + after
+        if not steps:
+            return SwitchPlan(unit, [], f"{unit} serves as declared, no other strategy runs and only it is enabled: "
+                                        "nothing to do")
+        return SwitchPlan(unit, steps, f"{unit} serves as declared" + (
+            f"; {', '.join(running)} ran beside it" if running else "") + (
+            "; made the only one enabled" if after else ""), previous=previous)
+    verb = "restart" if own_running or crash_looping else "start"
     # A failed restart of the serving unit itself falls back to its files as they were.
     rollback_to = running[0] if running else (unit if own_running else None)
-    return SwitchSteps(stop=running, start="restart" if own_running or crash_looping else "start", enable=enable,
-                       disable=disable, rollback_to=rollback_to)
+    # The failed unit is stopped before anything else starts (it may hold GPUs) and is not left
+    # enabled (unless it is what comes back); the replaced files go back before the previous
+    # strategy starts: it must run with what it ran with, not with what made the new one fail.
+    on_failure = [Step("stop", (unit,))] + ([Step("disable", (unit,))] if rollback_to != unit else []) \
+        + [Step("restore-files")] + ([Step("start", (rollback_to,))] if rollback_to else [])
+    if crash_looping:
+        reason = f"{unit} is crash-looping (systemd waits to restart it): started again now"
+    elif own_running:
+        reason = f"{unit} serves, but the declaration changed since it started: restarted"
+    else:
+        reason = f"{unit} does not run: started" + (f" after {', '.join(running)} stopped" if running else "")
+    return SwitchPlan(unit, steps + stop + [Step(verb, (unit,))] + after, reason, previous=previous,
+                      rollback_to=rollback_to, on_failure=on_failure)
+
+
+def foreign_listener(ss_out: str, cgroups: dict[str, str], ours: list[str]) -> Optional[str]:
+    """From `ss -Hltnp sport = :<port>` and each listening pid's /proc/<pid>/cgroup: the first
+    process that holds the port and runs in none of our units (`pid N (name)`), or None."""
+    for pid in listener_pids(ss_out):
+        if not any(u in cgroups.get(pid, "") for u in ours):
+            name = re.search(r'users:\(\("([^"]+)"', ss_out)
+            return f"pid {pid} ({name.group(1) if name else 'unknown'})"
+    return None
+
+
+def listener_pids(ss_out: str) -> list[str]:
+    return sorted(set(re.findall(r"pid=([0-9]+)", ss_out)))
+
+
+def runs_an_edit(olds: dict) -> bool:
+    """The process ran other settings than declared at the last read (a hand edit and restart);
+    another strategy serving in its place (superseded) is a switch to make, not an edit."""
+    running = olds.get("runningServer", AS_DECLARED)
+    return running not in (AS_DECLARED, NOT_RUNNING) and not is_superseded(running)
+
+
+def why_restart(olds: dict, news: dict, running_now: Callable[[], str]) -> Optional[str]:
+    """Why an update restarts the unit (None: it need not). `running_now`: what the process runs,
+    read from the host; asked only for a state written by an earlier version (no execStart), whose
+    hash covered the whole unit text and so always differs: the process itself then says whether
+    it already runs what is declared, so an upgrade never restarts a model that serves as declared."""
+    changed = olds.get("configHash") != news.get("configHash")
+    if changed and "execStart" not in olds:
+        changed = running_now() != AS_DECLARED
+    if changed:
+        return "the declared configuration changed"
+    if olds.get("declared") != news.get("declared"):
+        return "the declared layout changed"
+    if runs_an_edit(olds):
+        # Rewriting the files alone would leave it running the edit.
+        return f"it runs other settings than declared: {olds['runningServer']}"
+    return None

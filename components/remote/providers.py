@@ -413,15 +413,10 @@ class ServiceProvider(ResourceProvider):
     def _foreign_listener(self, t: ssh.Target, port: int, ours: list[str]) -> Optional[str]:
         """A process that holds the serving port and is not one of our strategy units."""
         out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30,
-                      check=False, read=True)
-        import re
-        for pid in sorted(set(re.findall(r"pid=([0-9]+)", out.stdout))):
-            cg = ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30, check=False,
-                         read=True).stdout
-            if not any(u in cg for u in ours):
-                name = re.search(r'users:\(\("([^"]+)"', out.stdout)
-                return f"pid {pid} ({name.group(1) if name else 'unknown'})"
-        return None
+                      check=False, read=True).stdout
+        cgroups = {pid: ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30,
+                                check=False, read=True).stdout for pid in switch.listener_pids(out)}
+        return switch.foreign_listener(out, cgroups, ours)
 
     def _start(self, props: dict, restart: bool) -> dict:
         t = _require_target(props)
@@ -443,70 +438,59 @@ class ServiceProvider(ResourceProvider):
         return units if unit in units else {unit: {}, **units}
 
     def _switch(self, t: ssh.Target, props: dict, unit: str, restart: bool) -> dict:
+        """Observe the host, plan (switch.py decides), then run the plan's steps in order."""
         units = self._managed(t, unit)
-        steps = switch.decide(unit, units, restart=restart, active=props.get("active", True),
-                              enabled=props.get("enabled", True))
-        previous = next((u for u in steps.stop if units[u].get("ActiveState") == "active"), None)
         holder = self._foreign_listener(t, int(props["port"]), list(units))
-        if holder:
-            raise ssh.RemoteError(
-                f"port {props['port']} on {t.label} is held by {holder}, which is not a gpu-serving strategy unit; "
-                f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port.")
-        own = units[unit]
-        if own.get("NeedDaemonReload") == "yes" or own.get("LoadState") in (None, "not-found"):
-            ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
-        if not props.get("active", True):
-            if steps.enable:
-                ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
-            ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180)
-            _take_replaced(t)
-            return self._outs(t, props, None, None)
-        if steps.stop:
-            _progress(f"{_who(props)}{unit}: " + ("starting" if steps.start else "serving") + f" (stops {', '.join(steps.stop)})")
-            # Stopped first, and waited for (systemctl stop returns when the unit is down): the
-            # new strategy must not find the GPUs or the port still held by the old one.
-            ssh.run(t, ["systemctl", "stop", *steps.stop], purpose=f"stopping {', '.join(steps.stop)}", timeout=240)
-        elif steps.start:
-            _progress(f"{_who(props)}{unit}: starting")
-        if steps.start is None:
-            self._enable_only(t, unit, steps)
-            _take_replaced(t)
-            return self._outs(t, props, previous, None)
-        # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
-        since, baseline = probe.start(t, unit, steps.start)
-        report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
-                                  settings=props.get("readiness") or {}, since=since, baseline=baseline,
-                                  progress=lambda m: _progress(_who(props) + m))
-        if report.status != R.READY:
-            self._fail(t, props, report, steps.rollback_to, since)
-        self._enable_only(t, unit, steps)
+        plan = switch.plan(unit, units, restart=restart, active=props.get("active", True),
+                           enabled=props.get("enabled", True), port_holder=holder, port=int(props["port"]), host=t.label)
+        if plan.refused:
+            raise ssh.RemoteError(plan.refused)
+        if plan.progress:
+            _progress(f"{_who(props)}{unit}: {plan.progress}")
+        report = None
+        for step in plan.steps:
+            if step.action in ("start", "restart"):
+                # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
+                since, baseline = probe.start(t, unit, step.action)
+                report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
+                                          settings=props.get("readiness") or {}, since=since, baseline=baseline,
+                                          progress=lambda m: _progress(_who(props) + m))
+                if report.status != R.READY:
+                    self._fail(t, props, report, plan, since)
+            else:
+                self._do(t, step, unit)
         _take_replaced(t)  # kept: nothing to put back
-        return self._outs(t, props, previous, report.as_dict())
+        return self._outs(t, props, plan.previous, report.as_dict() if report else None)
 
-    def _enable_only(self, t: ssh.Target, unit: str, steps: switch.SwitchSteps) -> None:
-        """The strategy that serves is the one enabled: after a reboot it, and only it, comes back
-        (two enabled strategies would race for the GPUs and the port)."""
-        if steps.enable:  # no command when nothing is to change
-            ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
-        if steps.disable:
-            ssh.run(t, ["systemctl", "disable", "--quiet", *steps.disable], purpose=f"disabling {', '.join(steps.disable)}",
-                    timeout=60)
+    def _do(self, t: ssh.Target, step: switch.Step, unit: str, check: bool = True) -> None:
+        """One systemctl step of a plan (switch.ACTIONS); start, restart and restore-files are the
+        caller's (they wait, or write files)."""
+        names = ", ".join(step.units)
+        if step.action == "daemon-reload":
+            ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120, check=check)
+        elif step.action == "stop":
+            # Returns when the units are down; other strategies (maybe several) get longer than `unit`.
+            ssh.run(t, ["systemctl", "stop", *step.units], purpose=f"stopping {names}",
+                    timeout=180 if step.units == (unit,) else 240, check=check)
+        elif step.action in ("enable", "disable"):
+            ssh.run(t, ["systemctl", step.action, "--quiet", *step.units], purpose=f"{step.action[:-1]}ing {names}",
+                    timeout=60, check=check)
+        else:
+            raise ValueError(f"switch step {step} is not a systemctl step")
 
-    def _fail(self, t, props, report: R.Report, previous: Optional[str], since: int):
+    def _fail(self, t, props, report: R.Report, plan: switch.SwitchPlan, since: int):
+        """The start failed: the journal first (what the user needs), then the plan's on_failure."""
         unit = props["unit"]
         journal = probe.journal_tail(t, unit, since, 50, _secrets(props))
-        # The failed unit is stopped before anything else starts (it may hold GPUs) and is not
-        # left enabled: a reboot brings back what served, not what failed.
-        ssh.run(t, ["systemctl", "stop", unit], purpose=f"stopping {unit}", timeout=180, check=False)
-        if previous != unit:
-            ssh.run(t, ["systemctl", "disable", "--quiet", unit], purpose=f"disabling {unit}", timeout=60, check=False)
-        # The files this run replaced go back before the previous strategy starts: it must run
-        # with what it ran with, not with what made the new one fail.
-        restored = self._restore(t)
-        if previous:
-            rollback = self._roll_back(t, props, previous)
-        else:
-            rollback = f"No strategy was serving before; {unit} was stopped."
+        restored: list[str] = []
+        rollback = f"No strategy was serving before; {unit} was stopped."
+        for step in plan.on_failure:
+            if step.action == "restore-files":
+                restored = self._restore(t)
+            elif step.action == "start":
+                rollback = self._roll_back(t, props, step.units[0])
+            else:
+                self._do(t, step, unit, check=False)  # undoing: each step is tried, whatever the one before did
         if restored:
             rollback += "\nPut back as they were: " + ", ".join(restored) + "."
         raise DeployError(ssh.redact(
@@ -606,20 +590,11 @@ class ServiceProvider(ResourceProvider):
         # Restart when the declaration changed, or when the running process was started from
         # other settings than the ones it declares (a hand edit + restart, since repaired on
         # disk): rewriting the files alone would leave it running the edit.
-        changed = olds.get("configHash") != news.get("configHash")
-        if changed and "execStart" not in olds:
-            # A state written by an earlier version hashed the whole unit text: its hash always
-            # differs. The process itself says whether it already runs what is declared, so an
-            # upgrade of gpu-serving never restarts a model that serves as declared.
-            changed = self._running_now(news) != R.AS_DECLARED
-        # Another strategy serving in its place is a switch to make, not a process to restart.
-        edited = olds.get("runningServer", R.AS_DECLARED) not in (R.AS_DECLARED, R.NOT_RUNNING) \
-            and not S.is_superseded(olds.get("runningServer"))
-        restart = changed or olds.get("declared") != news.get("declared") or edited
-        if edited:
+        restart = switch.why_restart(olds, news, lambda: self._running_now(news))
+        if switch.runs_an_edit(olds):
             _progress(f"{_who(news)}{news['unit']}: restarting: {olds['runningServer']}")
         try:
-            outs = self._start(news, restart=restart)
+            outs = self._start(news, restart=restart is not None)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(news, exc) from None
         return UpdateResult(outs={**outs, "runningServer": self._running_now(news),

@@ -1,0 +1,144 @@
+"""ServiceProvider runs exactly the switch plan of components/core/switch.py, in order, and on a
+failed start exactly the plan's `on_failure`: every case of tests/data/switch/ goes through the
+provider's real switch code over a fake transport (`ssh._run`, `ssh._write_file`) that answers
+what the case's host has and records every command. The waiting for readiness (probe.wait_ready,
+tested on rehearsal hosts) is the one part replaced. The real hosts: tests/e2e/."""
+import shlex
+
+import pytest
+
+from components.core import readiness as R
+from components.core import switch
+from components.remote import probe, providers, ssh
+
+from .casedata import cases
+
+PLANS = [(n, c) for n, c in cases("switch") if "declared" in c]
+STARTS = [(n, c) for n, c in PLANS if c["expect"]["on_failure"]]
+REPLACED = "/etc/gpu-serving/shared.env"
+
+
+class Host:
+    """What the case's host answers; `changes`: every command that changes it, as plan steps read."""
+
+    def __init__(self, case: dict, fail: str = ""):
+        self.units = case["host"]["units"]
+        self.holder = case["host"]["port_holder"]
+        self.fail = fail  # the unit whose readiness fails
+        self.changes: list[str] = []
+
+    def run(self, t, command, input, timeout, purpose):
+        argv = shlex.split(command)
+        if argv[:2] == ["sh", "-c"] and argv[2] == switch.MANAGED_UNITS_SCRIPT:
+            # A unit systemd does not know (no properties) is not among the files found.
+            listed = [u for u, props in self.units.items() if props]
+            blocks = "\n\n".join("\n".join(f"{k}={v}" for k, v in self.units[u].items()) for u in listed)
+            return 0, f"@@units\n{chr(10).join(listed)}\n@@show\n{blocks}\n".encode(), b""
+        if argv[:2] == ["sh", "-c"] and argv[2] == probe.START_SCRIPT:
+            verb, unit = argv[4:6]
+            self.changes.append(f"{verb} {unit}")
+            return 0, (b"1700000000\n@@start\n@@rc=0\n@@unit\nActiveState=activating\nSubState=start\nMainPID=77\n"
+                       b"NRestarts=0\nResult=success\nExecMainStatus=0\n"), b""
+        if argv[0] == "ss":
+            if not self.holder:
+                return 0, b"", b""
+            return 0, b'LISTEN 0 2048 0.0.0.0:30000 0.0.0.0:* users:(("python3",pid=4242,fd=3))\n', b""
+        if argv[0] == "cat" and argv[1].startswith("/proc/"):
+            return 0, b"0::/user.slice/user-0.slice/session-1.scope\n", b""
+        if argv[0] == "journalctl":
+            return 0, b"2026-01-01T00:00:00+0000 host python3[77]: CUDA out of memory\n", b""
+        if argv[:2] == ["systemctl", "show"]:
+            if "ExecStart" in argv and "--value" in argv:
+                return 0, b"{ path=/opt/venv/bin/python ; argv[]=python -m sglang.launch_server --host 0.0.0.0 --port 30000 }\n", b""
+            unit = argv[-1]
+            return 0, f"Id={unit}\nActiveState=active\nUnitFileState=enabled\n".encode(), b""
+        if argv[0] == "systemctl" and argv[1] in ("daemon-reload", "stop", "enable", "disable"):
+            self.changes.append(" ".join(a for a in argv[1:] if a != "--quiet"))
+            return 0, b"", b""
+        raise AssertionError(f"a command the switch does not run: {command}")
+
+    def write(self, t, path, content, mode):
+        self.changes.append(f"write {path} {content.decode()} {oct(mode)}")
+
+    def wait_ready(self, t, unit, **kwargs):
+        # Only the start fails: a rollback to the unit itself (with its files put back) serves again.
+        status = R.CRASHED if unit == self.fail else R.READY
+        self.fail = ""
+        return R.Report(status=status, unit=unit, url="http://127.0.0.1:30000", reason="it exited" if status != R.READY else "")
+
+
+@pytest.fixture
+def run_switch(monkeypatch):
+    def run(case: dict, fail: str = "", replaced: bool = False):
+        host = Host(case, fail)
+        monkeypatch.setattr(ssh, "_run", host.run)
+        monkeypatch.setattr(ssh, "_write_file", host.write)
+        monkeypatch.setattr(probe, "wait_ready", host.wait_ready)
+        planned = []
+        real_plan = switch.plan
+        monkeypatch.setattr(switch, "plan", lambda *a, **k: planned.append(real_plan(*a, **k)) or planned[-1])
+        d = case["declared"]
+        user, _, address = case["host"]["label"].partition("@")
+        name, _, port = address.rpartition(":")
+        t = ssh.Target(host=name, port=int(port), user=user, private_key="k", host_key="h")
+        if replaced:
+            providers._remember_replaced(t, REPLACED, b"NCCL_ALGO=Ring\n", 0o640)
+        props = {"unit": d["unit"], "port": d["port"], "bind": "0.0.0.0", "declared": {"tp": 8},
+                 "active": d["active"], "enabled": d["enabled"], "readiness": {}, "connection": {}}
+        try:
+            outs = providers.ServiceProvider()._switch(t, props, d["unit"], d["restart"])
+            error = None
+        except (providers.DeployError, ssh.RemoteError) as exc:
+            outs, error = None, exc
+        finally:
+            left = providers._take_replaced(t)
+        plan, = planned
+        return plan, host.changes, outs, error, left
+    return run
+
+
+@pytest.mark.parametrize("name,case", PLANS, ids=[n for n, _ in PLANS])
+def test_the_provider_runs_exactly_the_planned_steps(run_switch, name, case):
+    plan, changes, outs, error, left = run_switch(case, replaced=True)
+    # The plan the provider made is the one the data case expects (the host answered the case).
+    assert plan.as_dict() == case["expect"]
+    assert changes == [str(s) for s in plan.steps]
+    if plan.refused:
+        assert str(error) == plan.refused
+        return
+    assert error is None
+    assert outs["previous"] == plan.previous
+    assert (outs["readinessReport"] is not None) == (plan.starts is not None)
+    assert left == {}  # a switch that worked forgets the files it would have put back
+
+
+@pytest.mark.parametrize("name,case", STARTS, ids=[n for n, _ in STARTS])
+def test_a_failed_start_runs_exactly_the_plans_on_failure(run_switch, name, case):
+    unit = case["declared"]["unit"]
+    plan, changes, outs, error, left = run_switch(case, fail=unit, replaced=True)
+    at = plan.steps.index(plan.starts) + 1
+    undo = []
+    for step in plan.on_failure:
+        # restore-files: the replaced file byte for byte with its mode, then systemd reads it again.
+        undo += [f"write {REPLACED} NCCL_ALGO=Ring\n 0o640", "daemon-reload"] if step.action == "restore-files" \
+            else [str(step)]
+    # Nothing of the plan after the start runs (the failed unit is never enabled).
+    assert changes == [str(s) for s in plan.steps[:at]] + undo
+    assert isinstance(error, providers.DeployError)
+    message = str(error)
+    assert message.startswith(f"readiness: {R.CRASHED}: it exited")
+    assert f"Put back as they were: {REPLACED}." in message and "CUDA out of memory" in message
+    if plan.rollback_to:
+        assert f"Rolled back: restarted {plan.rollback_to}" in message
+    else:
+        assert f"No strategy was serving before; {unit} was stopped." in message
+    assert left == {}
+
+
+def test_a_failed_start_with_nothing_replaced_writes_nothing(run_switch):
+    case = dict(PLANS)["switch-stops-the-serving-one-and-disables-the-rest"]
+    plan, changes, _, error, _ = run_switch(case, fail=case["declared"]["unit"])
+    assert changes == ["stop sglang-kimi-k2.6-tp8.service", "start sglang-kimi-k2.6-ep8.service",
+                       "stop sglang-kimi-k2.6-ep8.service", "disable sglang-kimi-k2.6-ep8.service",
+                       "start sglang-kimi-k2.6-tp8.service"]
+    assert "Put back" not in str(error)
