@@ -138,6 +138,10 @@ def test_strategy_stacks_preview(engine, project_copy):
         # Each dynamic resource under its own type token (issue 14), none under the SDK's default.
         dynamic = {n: t for t, n in created if t.startswith("pulumi-python:")}
         assert dynamic == {n: DYNAMIC + t for n, t in TOKENS.items()}, (name, sorted(created))
+        # ... as the preview's own text shows them: `+ pulumi-python:dynamic/gpu-serving:SystemdService  service  create`.
+        shown = [line for line in result.stdout.splitlines() if "pulumi-python:dynamic" in line]
+        for n, t in TOKENS.items():
+            assert any(DYNAMIC + t in line and f" {n} " in line for line in shown), (n, t, shown)
     # Each strategy is the same deployment shape with a different layout.
     assert len(set(creates.values())) == 1, creates
     # The previews ran in the copy: the repository's stack files are as they were.
