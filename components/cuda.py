@@ -11,13 +11,14 @@ from .core.config import CudaSettings, StackSettings
 from .core.cuda import INSTALL_TIMEOUT, REHEARSAL, REHEARSAL_REPO_DIR, settings_problems
 from .core.errors import ConfigError, SettingError
 from .gpu_host import GpuHost
+from .resources import MODULE, dynamic_options
 from .remote.installers import CudaToolkitProvider
 
 # --------------------------------------------------------------------------------------------
 # The component
 
 
-class _CudaInstall(Resource):
+class _CudaInstall(Resource, module=MODULE, name="CudaToolkitInstall"):
     """The dynamic resource (components/remote/installers.py: CudaToolkitProvider)."""
 
     version: pulumi.Output[Optional[str]]
@@ -27,7 +28,7 @@ class _CudaInstall(Resource):
 
     def __init__(self, name: str, props: dict, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(CudaToolkitProvider(), name, {**props, "nvccRelease": None, "sourceLine": None},
-                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["connection"])))
+                         dynamic_options(opts, ["connection"]))
 
 
 def install_props(cuda: CudaSettings) -> dict:

@@ -1,5 +1,11 @@
 """The dynamic resources (thin: props in, provider out). Output properties are declared with
-None so Pulumi exposes them as attributes."""
+None so Pulumi exposes them as attributes.
+
+Each has its own type token, `pulumi-python:dynamic/gpu-serving:<Name>` (a preview names what
+it changes), and an alias to the one token all of them had before, so that stacks deployed
+then are taken over in place instead of deleted and created again (the serving unit's service
+deleted is the server stopped). The provider classes stay in components/remote/: they are
+pickled into the state by module path."""
 from __future__ import annotations
 
 from typing import Any, Optional
@@ -11,27 +17,38 @@ from .core.readiness import AS_DECLARED
 from .remote import providers
 
 
-def _opts(opts: Optional[pulumi.ResourceOptions], secret: list[str]) -> pulumi.ResourceOptions:
-    return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=secret))
+# `module` of every dynamic resource's type token: pulumi-python:dynamic/gpu-serving:<name>.
+MODULE = "gpu-serving"
+# The token every dynamic resource had until issue 14 (the SDK's default for a subclass that
+# names none). Only the type changes: the alias keeps the name and the parent (the component),
+# so the engine finds the old URN, whose type chain runs through the parent's type.
+PREVIOUS_TYPE = "pulumi-python:dynamic:Resource"
 
 
-class HostFacts(Resource):
+def dynamic_options(opts: Optional[pulumi.ResourceOptions], secret: list[str]) -> pulumi.ResourceOptions:
+    """The options every dynamic resource adds to its caller's: its secret outputs, and the
+    alias to the previous type token."""
+    return pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+        additional_secret_outputs=secret, aliases=[pulumi.Alias(type_=PREVIOUS_TYPE)]))
+
+
+class HostFacts(Resource, module=MODULE, name="HostFacts"):
     facts: pulumi.Output[dict]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(providers.HostFactsProvider(), name, {**props, "facts": None}, _opts(opts, ["connection"]))
+        super().__init__(providers.HostFactsProvider(), name, {**props, "facts": None}, dynamic_options(opts, ["connection"]))
 
 
-class RemoteFile(Resource):
+class RemoteFile(Resource, module=MODULE, name="RemoteFile"):
     sha256: pulumi.Output[str]
     content: pulumi.Output[str]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(providers.RemoteFileProvider(), name, {**props, "sha256": None},
-                         _opts(opts, ["connection", "secretEnvironment"]))
+                         dynamic_options(opts, ["connection", "secretEnvironment"]))
 
 
-class Service(Resource):
+class Service(Resource, module=MODULE, name="SystemdService"):
     active: pulumi.Output[bool]
     # "as declared" when the main process runs the declared ExecStart and environment; after a
     # refresh, what it runs otherwise (the named drift field a preview shows).
@@ -44,13 +61,13 @@ class Service(Resource):
         super().__init__(providers.ServiceProvider(), name,
                          {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
                           "runningServer": AS_DECLARED, "previous": None, "readinessReport": None},
-                         _opts(opts, ["connection"]))
+                         dynamic_options(opts, ["connection"]))
 
 
-class Readiness(Resource):
+class Readiness(Resource, module=MODULE, name="Readiness"):
     status: pulumi.Output[str]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "checked_by", "layout",
                                   "model", "served_model_name", "version", "mismatches", "reason")}
-        super().__init__(providers.ReadinessProvider(), name, {**props, **outs}, _opts(opts, ["connection"]))
+        super().__init__(providers.ReadinessProvider(), name, {**props, **outs}, dynamic_options(opts, ["connection"]))

@@ -21,6 +21,7 @@ from .core.venv import (
     wheelhouse_problems,
 )
 from .gpu_host import GpuHost
+from .resources import MODULE, dynamic_options
 from .remote.installers import PythonVenvProvider
 
 # --------------------------------------------------------------------------------------------
@@ -76,7 +77,7 @@ def install_props(venv: VenvSettings) -> dict:
             "wheelhouse": wheelhouse_props(venv), "installTimeout": INSTALL_TIMEOUT}
 
 
-class _VenvInstall(Resource):
+class _VenvInstall(Resource, module=MODULE, name="PythonVenvInstall"):
     """The dynamic resource (components/remote/installers.py: PythonVenvProvider)."""
 
     python: pulumi.Output[Optional[str]]
@@ -86,7 +87,7 @@ class _VenvInstall(Resource):
 
     def __init__(self, name: str, props: dict, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(PythonVenvProvider(), name, {**props, **{k: None for k in OUTPUT_KEYS}},
-                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["connection"])))
+                         dynamic_options(opts, ["connection"]))
 
 
 class PythonVenv(pulumi.ComponentResource):

@@ -21,7 +21,7 @@ from components.core.plan import plan_stack
 from components.core.reads import refresh_reads
 from components.core import reads
 from components.remote import installers, providers, readcache, ssh
-from tests.test_program_mocks import FLEET, ROOT, run_program, stack_config
+from tests.test_program_mocks import DYNAMIC, FLEET, ROOT, run_program, stack_config
 
 # ---------------------------------------------------------------------------------------------
 # The cache's rules (readcache.ReadCache), with jobs standing in for the transport
@@ -309,7 +309,7 @@ def _registered(stack: str, config: dict, monkeypatch) -> dict:
     monkeypatch.chdir(ROOT)
     rec = run_program(stack, config)
     return {name: {k: _unwrapped(v) for k, v in inputs.items()}
-            for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
+            for typ, name, inputs in rec.resources if typ.startswith(DYNAMIC)}
 
 
 def _builders_for(registered: dict, prefix: str) -> list[dict]:
@@ -378,7 +378,7 @@ def test_plumbing_is_one_opaque_value_in_a_preview(monkeypatch):
     preview as `[secret]` instead of a block of specs and a copy of the last report."""
     monkeypatch.chdir(ROOT)
     rec = run_program("tp8", stack_config("tp8"))
-    raw = {name: inputs for typ, name, inputs in rec.resources if typ == "pulumi-python:dynamic:Resource"}
+    raw = {name: inputs for typ, name, inputs in rec.resources if typ.startswith(DYNAMIC)}
     assert raw["host-facts"]["prefetch"].get(SECRET_SIG[0]) == SECRET_SIG[1]
     assert raw["readiness"]["report"].get(SECRET_SIG[0]) == SECRET_SIG[1]
     assert isinstance(raw["service"]["execStart"], str) and "--tp-size 8" in raw["service"]["execStart"]

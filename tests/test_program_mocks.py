@@ -11,6 +11,13 @@ import yaml
 from components.core.plan import plan_stack
 
 ROOT = Path(__file__).resolve().parent.parent
+# The dynamic resources' type tokens (issue 14): each its own, under one module.
+DYNAMIC = "pulumi-python:dynamic/gpu-serving:"
+TOKENS = {"host-facts": "HostFacts", "cuda-toolkit": "CudaToolkitInstall", "venv-packages": "PythonVenvInstall",
+          "environment-file": "RemoteFile", "unit-file": "RemoteFile", "service": "SystemdService",
+          "readiness": "Readiness"}
+# The one token all of them had before: deployed stacks know their resources by it.
+PREVIOUS_TYPE = "pulumi-python:dynamic:Resource"
 
 
 class Recorder(pulumi.runtime.Mocks):
@@ -113,3 +120,44 @@ def test_fleet_with_one_unfit_host_registers_nothing(monkeypatch):
     with pytest.raises(pulumi.RunError, match=r"host small"):
         run()
     assert not [t for t, _, _ in rec.resources if t.startswith(("gpu-serving:", "pulumi-python:"))]
+
+
+def test_each_dynamic_resource_has_its_own_type_token_and_an_alias_to_the_previous_one(monkeypatch):
+    """A preview names the kind of thing that changes (`...:SystemdService  service`), and a
+    stack deployed with the previous token is taken over in place: the alias names only the
+    old type, so the engine keeps the resource's name and parent (the parent's type is part of
+    the URN) when it looks up the old URN."""
+    monkeypatch.chdir(ROOT)
+    registered = []
+    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
+
+    def recording(self, request):
+        registered.append((request.type, request.name, list(request.aliases)))
+        return original(self, request)
+
+    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    run_program("ep8", stack_config("ep8"))
+    dynamic = {name: typ for typ, name, _ in registered if typ.startswith("pulumi-python:")}
+    assert dynamic == {name: DYNAMIC + token for name, token in TOKENS.items()}
+    for typ, name, aliases in registered:
+        if not typ.startswith("pulumi-python:"):
+            continue
+        assert len(aliases) == 1, (name, aliases)
+        spec = aliases[0].spec
+        assert spec.type == PREVIOUS_TYPE, (name, spec)
+        # Unset name and parent mean "this resource's own": only the type differs.
+        assert (spec.name, spec.parentUrn, spec.noParent) == ("", "", False), (name, spec)
+        assert not aliases[0].urn, (name, aliases[0])
+
+
+def test_every_dynamic_resource_class_names_its_token():
+    """A dynamic resource added without `module=`/`name=` would be one more
+    pulumi-python:dynamic:Resource: every subclass in components/ has a token of its own."""
+    import components.program  # noqa: F401  (imports every component and its resources)
+    from pulumi.dynamic import Resource
+
+    classes = [c for c in Resource.__subclasses__() if c.__module__.startswith("components.")]
+    tokens = {f"pulumi-python:{c._resource_type_name}": c.__qualname__ for c in classes}
+    assert len(classes) == 6, classes
+    assert len(tokens) == 6 and PREVIOUS_TYPE not in tokens, tokens
+    assert all(t.startswith(DYNAMIC) for t in tokens), tokens

@@ -24,6 +24,7 @@ import yaml
 from pulumi import automation as auto
 
 from tests.pulumi_env import REPO
+from tests.test_program_mocks import DYNAMIC, PREVIOUS_TYPE, TOKENS
 from .conftest import make_deployment
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
@@ -93,6 +94,12 @@ def upgrade(tmp_path_factory, rehearsal_host_factory):
     return old, new
 
 
+def dynamic_types(stack: auto.Stack) -> dict[str, str]:
+    """{name: type} of the stack's dynamic resources, from its state."""
+    return {r["urn"].rsplit("::", 1)[-1]: r["type"] for r in stack.export_stack().deployment["resources"]
+            if r["type"].startswith("pulumi-python:")}
+
+
 def main_pid(d, stack: str) -> str:
     return d.sh(f"systemctl show -p MainPID --value {UNIT.format(stack)}").strip()
 
@@ -102,6 +109,9 @@ def test_previous_program_deploys_pp8_then_tp8(upgrade):
     for stack in ("pp8", "tp8"):
         result = old.stack(stack).up(on_output=print)
         assert result.outputs["readiness"].value["status"] == "ready", result.outputs["readiness"].value
+    # The previous program's token, which this program's aliases must find.
+    assert set(dynamic_types(old.stack("tp8")).values()) == {PREVIOUS_TYPE}, (
+        "PREVIOUS_PROGRAM already has the own type tokens: the alias is no longer exercised here")
     assert old.sh(f"systemctl is-active {UNIT.format('tp8')}").strip() == "active"
     assert old.sh(f"systemctl is-active {UNIT.format('pp8')}").strip() == "inactive"
 
@@ -151,6 +161,8 @@ def test_up_replaces_nothing_and_keeps_the_server_running(upgrade):
     assert not steps.with_op(*DESTRUCTIVE, "update"), steps.with_op(*DESTRUCTIVE, "update")
     assert result.outputs["readiness"].value["status"] == "ready", result.outputs["readiness"].value
     assert new.sh(probe) == before  # same server process, no restart, files untouched
+    # The up moved every resource to its own type token (the alias found it under the old one).
+    assert dynamic_types(new.stack("tp8")) == {n: DYNAMIC + t for n, t in TOKENS.items()}
 
 
 def test_drift_check_after_the_upgrade_is_clean_and_finds_a_hand_edit(upgrade):
@@ -215,6 +227,8 @@ def test_fleet_deployed_by_the_previous_program_upgrades_in_place(fleet_upgrade)
     assert {urn.rsplit("::", 1)[-1] for _, urn in steps.seen} >= {"gpu1-service", "gpu2-service"}, steps.seen
     assert not steps.with_op(*DESTRUCTIVE, "update"), steps.with_op(*DESTRUCTIVE, "update")
     assert {name: h.run(pid).stdout for name, h in hosts.items()} == before
+    types = dynamic_types(new.stack("tp8"))
+    assert types == {f"{h}-{n.removeprefix('host-')}": DYNAMIC + t for h in hosts for n, t in TOKENS.items()}, types
     new.stack("tp8").preview(refresh=True, expect_no_changes=True, on_output=print)
     new.stack("tp8").destroy(on_output=print)
     for h in hosts.values():

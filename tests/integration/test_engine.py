@@ -27,6 +27,7 @@ import pytest
 from pulumi import automation as auto
 
 from tests.pulumi_env import REPO, EngineMissing, engine_env, pulumi_command, require_engine, versions
+from tests.test_program_mocks import DYNAMIC, TOKENS
 
 pytestmark = pytest.mark.engine
 
@@ -134,7 +135,13 @@ def test_strategy_stacks_preview(engine, project_copy):
         # The program's own components and the dynamic-provider resources that carry drift.
         assert ("gpu-serving:index:ServingUnit", name) in created, (name, sorted(created))
         assert ("gpu-serving:index:GpuHost", "host") in created, (name, sorted(created))
-        assert any(t == "pulumi-python:dynamic:Resource" for t, _ in created), (name, sorted(created))
+        # Each dynamic resource under its own type token (issue 14), none under the SDK's default.
+        dynamic = {n: t for t, n in created if t.startswith("pulumi-python:")}
+        assert dynamic == {n: DYNAMIC + t for n, t in TOKENS.items()}, (name, sorted(created))
+        # ... as the preview's own text shows them: `+ pulumi-python:dynamic/gpu-serving:SystemdService  service  create`.
+        shown = [line for line in result.stdout.splitlines() if "pulumi-python:dynamic" in line]
+        for n, t in TOKENS.items():
+            assert any(DYNAMIC + t in line and f" {n} " in line for line in shown), (n, t, shown)
     # Each strategy is the same deployment shape with a different layout.
     assert len(set(creates.values())) == 1, creates
     # The previews ran in the copy: the repository's stack files are as they were.
