@@ -233,3 +233,14 @@ def test_a_meta_json_that_is_not_json_stops_with_the_path(tmp_path, capsys):
     assert main(["compare", "--results", str(results), "--output", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert "pp8/2026-12-01T133000Z/meta.json: not JSON" in err and "rerun `components bench --stack pp8`" in err
+
+
+def test_other_commands_never_load_matplotlib():
+    """Only drawing the picture imports it: `plan`, `status` and the Pulumi program start as fast as before."""
+    import subprocess
+    import sys
+    code = ("import sys, components.__main__, components.program; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "[]"
