@@ -212,9 +212,18 @@ def test_partial_runs_leave_out_what_is_broken_and_say_so(tmp_path):
     assert "note: " in text and "missing: ep8" in text
 
 
+def test_a_pretty_printed_result_reads_as_one_level():
+    """A bench that stores SGLang's result object re-indented (one JSON document) reads the same."""
+    text = (SEED / "pp8" / "2026-12-01T133000Z" / "c32.jsonl").read_text()
+    [level] = parse_output_file(json.dumps(json.loads(text), indent=2), "c32.json")
+    assert (level.concurrency, level.output_throughput, level.source) == (32, 351.7, "c32.json")
+    both = parse_output_file(json.dumps([json.loads(text), json.loads(text)], indent=1), "list.json")
+    assert [lv.source for lv in both] == ["list.json[0]", "list.json[1]"]
+
+
 @pytest.mark.parametrize("line, message", [
     ('{"max_concurrency": 4, "completed": 20}', "lacks output_throughput, median_ttft_ms, p99_ttft_ms, median_itl_ms"),
-    ('[1, 2]', "not a JSON object of SGLang's benchmark output"),
+    ('"done"', "not a JSON object of SGLang's benchmark output"),
     ('{"max_concurrency": null, "completed": 5, "output_throughput": 9.0, "median_ttft_ms": 1, "p99_ttft_ms": 2,'
      ' "median_itl_ms": 3}', "a comparison needs a run limited by --max-concurrency N"),
     ('{"max_concurrency": 4, "completed": 5, "output_throughput": "fast", "median_ttft_ms": 1, "p99_ttft_ms": 2,'

@@ -99,7 +99,8 @@ def parse_level(obj: dict, where: str) -> Level:
 
 
 def parse_output_file(text: str, where: str) -> list[Level]:
-    """Every line of an output file, oldest first (the client appends)."""
+    """Every line of an output file, oldest first (the client appends). A file holding one
+    JSON document over several lines (an object re-indented, or a list of them) is read as that."""
     levels = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -107,10 +108,25 @@ def parse_output_file(text: str, where: str) -> list[Level]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
+            whole = _one_document(text, where)
+            if whole is not None:
+                return whole
             raise BenchResultError(f"{where}:{n}: not JSON ({exc.msg}); a run cut short leaves a partial line: "
                                    f"delete the file or rerun `components bench`") from None
         levels.append(parse_level(obj, f"{where}:{n}"))
     return levels
+
+
+def _one_document(text: str, where: str) -> list[Level] | None:
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    if isinstance(whole, dict):
+        return [parse_level(whole, where)]
+    if isinstance(whole, list):
+        return [parse_level(o, f"{where}[{i}]") for i, o in enumerate(whole)]
+    return None
 
 
 def _parse_time(value) -> datetime | None:
