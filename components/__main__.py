@@ -1,6 +1,7 @@
 """``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH.
 ``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to.
-``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH."""
+``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH.
+``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from . import advise_cli
 from .core.config import parse_settings
 from .core.errors import ConfigError
 from .core.plan import CheckedStack, ServingPlan, check_stack, load_stack_config
@@ -126,10 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--stack", help="only this stack's hosts and files (default: every stack of the project)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--project-dir", default=".", type=Path)
+    advise_cli.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "status":
         return _status(args)
+    if args.command == "advise":
+        return advise_cli.run(args)
     if args.command == "rehearsal-hosts":
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
