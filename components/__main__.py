@@ -1,7 +1,8 @@
 """``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH.
 ``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to.
 ``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH.
-``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG."""
+``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG.
+``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates)."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 from . import compare
+from . import advise_cli
 from .core.config import parse_settings
 from .core.errors import ConfigError
 from .core.plan import CheckedStack, ServingPlan, check_stack, load_stack_config
@@ -129,12 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--project-dir", default=".", type=Path)
     compare.add_parser(sub)
+    advise_cli.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "status":
         return _status(args)
     if args.command == "compare":
         return compare.run(args)
+    if args.command == "advise":
+        return advise_cli.run(args)
     if args.command == "rehearsal-hosts":
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))

@@ -1,0 +1,158 @@
+"""The advisor (components/core/advise.py): ranking cases as data (tests/data/advise), the seed's
+measurements, calibration on benchmark result files, and the `advise` command's output."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from components.__main__ import main
+from components.core import advise as A
+from components.core.config import parse_settings
+from components.core.strategy import Layout
+
+from .casedata import BASE_CONFIG, DATA, case_config, cases
+
+ROOT = Path(__file__).resolve().parents[1]
+TP8 = Layout(8, 1, 1, 1, False, "none")
+PP8 = Layout(1, 8, 1, 1, False, "none")
+
+
+def run_case(case: dict) -> A.Advice:
+    w = case.get("workload", {})
+    workload = A.Workload(tuple(w.get("concurrency", A.DEFAULT_CONCURRENCY)), w.get("inputLen", 1024), w.get("outputLen", 1024))
+    return A.advise(parse_settings("advise", case_config(case)), workload)
+
+
+def by_name(advice: A.Advice, conc: int) -> dict[str, A.Estimate]:
+    return {e.name: e for e in advice.ranking[conc]}
+
+
+@pytest.mark.parametrize("name,case", cases("advise"), ids=lambda x: x if isinstance(x, str) else "")
+def test_advise_case(name, case):
+    advice = run_case(case)
+    expect = case["expect"]
+    valid = {c.name for c in advice.valid}
+    refused = {c.name: c for c in advice.refused}
+    for layout in expect.get("valid", []):
+        assert layout in valid, (layout, refused.get(layout) and refused[layout].refused)
+    if "valid_count" in expect:
+        assert len(advice.valid) == expect["valid_count"], sorted(valid)
+    for r in expect.get("refused", []):
+        assert r["name"] in refused, (r["name"], sorted(refused))
+        errors = refused[r["name"]].refused
+        assert any(e.setting == r["setting"] and r["contains"] in str(e) for e in errors), [str(e) for e in errors]
+    for conc, pairs in expect.get("before", {}).items():
+        est = by_name(advice, int(conc))
+        for ahead, behind in pairs:
+            assert est[ahead].tok_s > est[behind].tok_s, (conc, ahead, est[ahead].tok_s, behind, est[behind].tok_s)
+    for conc, names in expect.get("first_of", {}).items():
+        assert advice.ranking[int(conc)][0].name in names, [(e.name, round(e.tok_s)) for e in advice.ranking[int(conc)][:4]]
+    for n in expect.get("near", []):
+        got = by_name(advice, n["concurrency"])[n["name"]].tok_s
+        assert abs(got / n["tok_s"] - 1) <= n["within"], (n, got)
+    for h in expect.get("held", []):
+        e = by_name(advice, h["concurrency"])[h["name"]]
+        assert e.held == h["held"], (e.held, e.reasons)
+        if "reason" in h:
+            assert any(h["reason"] in r for r in e.reasons), e.reasons
+    if "tp_gains_over" in expect:
+        other = run_case(dict(cases("advise"))[case["compare_with"]])
+        tp, pp = expect["tp_gains_over"]["tp"], expect["tp_gains_over"]["pp"]
+        for conc in case["workload"]["concurrency"]:
+            here, there = by_name(advice, conc), by_name(other, conc)
+            assert here[tp].tok_s / here[pp].tok_s > 1.5 * there[tp].tok_s / there[pp].tok_s, conc
+
+
+def seed_settings():
+    return parse_settings("ep8", {**BASE_CONFIG, "strategy": {"tpSize": 8, "epSize": 8}})
+
+
+def test_the_shipped_constants_are_the_fit_to_the_seed():
+    """data/advise-model.json holds what fit_seed finds: a model change must refit them."""
+    fitted, error = A.fit_seed(seed_settings())
+    shipped = A.Tuning.shipped()
+    assert fitted == shipped, (fitted, shipped)
+    assert error < 0.06  # mean error over the seed's four figures (about 5 %)
+
+
+def test_every_estimate_is_labelled_and_explained():
+    advice = A.advise(seed_settings(), A.Workload((1, 32)))
+    text = A.render(advice)
+    assert "ESTIMATES from a cost model, not measurements" in text
+    assert A.as_dict(advice)["label"] == "estimate"
+    for ests in advice.ranking.values():
+        assert all(e.reasons and e.tok_s > 0 and 1 <= e.held <= e.concurrency for e in ests)
+    pp8 = by_name(advice, 1)["pp8"]
+    assert any("pipeline stages idle 88%" in r for r in pp8.reasons), pp8.reasons
+
+
+def write_result(folder: Path, stack: str, stamp: str, conc: int, tput: float, **extra) -> Path:
+    path = folder / stack / stamp / f"c{conc}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"backend": "sglang", "max_concurrency": conc, "output_throughput": tput,
+                                "median_ttft_ms": 120.0, "completed": 5 * conc, **extra}))
+    return path
+
+
+def test_results_reader_is_tolerant_and_keeps_the_newest(tmp_path):
+    write_result(tmp_path, "tp8", "20261201T100000Z", 1, 20.0)
+    write_result(tmp_path, "tp8", "20261202T100000Z", 1, 30.0)  # newer: wins
+    (tmp_path / "tp8" / "20261202T100000Z" / "notes.json").write_text("not json {")
+    (tmp_path / "tp8" / "20261202T100000Z" / "other.json").write_text('{"something": 1}')
+    lines = [{"max_concurrency": 32, "output_throughput": 700.0}, {"max_concurrency": 64, "output_throughput": 900.0}]
+    (tmp_path / "tp8" / "20261202T100000Z" / "run.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    write_result(tmp_path, "unknown", "20261202T100000Z", 1, 10.0)
+    measured, notes = A.read_results(tmp_path, {"tp8": TP8})
+    assert [(m.stack, m.concurrency, m.output_throughput) for m in measured] == [("tp8", 1, 30.0), ("tp8", 32, 700.0), ("tp8", 64, 900.0)]
+    assert any("unknown" in n for n in notes)
+    assert A.read_results(tmp_path / "absent", {}) == ([], [])
+
+
+def test_calibration_moves_the_model_to_the_measurements_and_says_so(tmp_path):
+    # Measurements 40 % below the shipped model: the calibrated model must come nearer, and say so.
+    settings = seed_settings()
+    plain = A.advise(settings, A.Workload((1, 32)))
+    est = {c: by_name(plain, c) for c in (1, 32)}
+    write_result(tmp_path, "tp8", "20261201T100000Z", 1, est[1]["tp8"].tok_s * 0.6, version="rehearsal 0.0.1")
+    write_result(tmp_path, "tp8", "20261201T100000Z", 32, est[32]["tp8"].tok_s * 0.6, version="rehearsal 0.0.1")
+    measured, _ = A.read_results(tmp_path, {"tp8": TP8})
+    advice = A.advise(settings, A.Workload((1, 32)), measured=measured, stacks={"tp8": TP8})
+    cal = advice.calibration
+    assert cal.error_before > 0.5 and cal.error_after < 0.1, (cal.error_before, cal.error_after)
+    assert cal.rehearsal
+    assert by_name(advice, 32)["tp8"].measured == pytest.approx(est[32]["tp8"].tok_s * 0.6)
+    text = A.render(advice)
+    assert "calibrated on 2 benchmark result(s) (tp8 C=1, tp8 C=32) -- REHEARSAL figures, not GPU measurements" in text
+    assert re.search(r"measured \d+", text)
+
+
+def test_host_facts_replace_the_host_block():
+    facts = json.loads((DATA / "facts" / "facts-whole-two-h200.json").read_text())
+    from components.core.facts import parse_facts
+    doc = parse_facts(facts["output"]).as_dict()
+    settings, notes = A.host_from_facts(seed_settings(), doc)
+    assert settings.host.gpu_count == 2 and settings.host.interconnect == "nvlink"
+    assert settings.host.gpu_model == "NVIDIA H200" and settings.host.gpu_memory_gb > 130
+    assert any("gpu_count 8 -> 2" in n for n in notes)
+
+
+def test_the_advise_command(tmp_path, capsys):
+    """The CLI on the project's own stacks: key lines of the text, and the JSON."""
+    assert main(["advise", "--stack", "ep8", "--project-dir", str(ROOT), "--results", str(tmp_path), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("advise (ESTIMATES from a cost model, not measurements): stack ep8, kimi-k2.6 on 8 x "
+                          "NVIDIA RTX PRO 6000 Blackwell Server Edition (96 GB), interconnect pcie (from the host block)\n")
+    assert "not calibrated: no benchmark results" in out
+    assert re.search(r"^  tp1-ep8 .*gpu-serving:strategy: world size dp 1 x tp 1 x pp 1 = 1 must equal host.gpuCount 8", out, re.M)
+    assert re.search(r"^  tp8-ep8 .*\(stack ep8\)$", out, re.M)
+    assert "  the project's stacks: pp8 37.3, tp8 27.7, ep8 26.0\n" in out
+    assert "  best at C=32: tp8 (estimate 737 tok/s" in out
+    assert main(["advise", "--stack", "ep8", "--project-dir", str(ROOT), "--results", str(tmp_path), "--json",
+                 "--concurrency", "1"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["label"] == "estimate" and list(doc["ranking"]) == ["1"]
+    assert main(["advise", "--stack", "ep8", "--project-dir", str(ROOT), "--concurrency", "0,x"]) == 2
+    assert "--concurrency" in capsys.readouterr().err
