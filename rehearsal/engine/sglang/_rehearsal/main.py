@@ -155,11 +155,23 @@ class Engine:
                 self.running -= 1
             result["latency"] = round(time.time() - result["started"], 4)
 
-    def token_delay(self):
+    def token_delay(self, result: dict | None = None):
+        """Wait until the request's next token is due. Due times are kept per request (not a
+        sleep per token), so the time spent writing chunks does not slow the modelled pace."""
         if self.seconds_per_token:
-            time.sleep(self.seconds_per_token)
+            step = self.seconds_per_token
         elif self.perf and self.perf_layout:
-            time.sleep(self.perf.round_ms(self.perf_layout, self.model.num_layers, self.running) / 1000)
+            step = self.perf.round_ms(self.perf_layout, self.model.num_layers, self.running) / 1000
+        else:
+            return
+        if result is None:
+            time.sleep(step)
+            return
+        now = time.monotonic()
+        due = max(result.get("due", now), now - step) + step  # never catch up more than one step
+        result["due"] = due
+        if due > now:
+            time.sleep(due - now)
 
     def decode_all(self, results: list):
         """Non-streaming requests (one, or a batch decoded together) take as long as their streams would."""
@@ -170,8 +182,9 @@ class Engine:
             if self.seconds_per_token:
                 time.sleep(min(self.seconds_per_token * longest, 60))
             elif self.perf and self.perf_layout:
+                pace: dict = {}
                 for _ in range(longest):
-                    self.token_delay()
+                    self.token_delay(pace)
 
     def read_interconnect(self) -> str:
         binary = self.env.get("REHEARSAL_NVIDIA_SMI") or "nvidia-smi"

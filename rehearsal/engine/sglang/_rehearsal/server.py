@@ -225,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         self._start_stream()
         text = ""
         for n in range(1, r["completion_tokens"] + 1):
-            self.engine.token_delay()
+            self.engine.token_delay(r)
             text += (" " if text else "") + WORDS[(n - 1) % len(WORDS)]
             self._chunk(self._generate_json(r, upto=n, text=text))
         self._chunk("[DONE]")
@@ -282,7 +282,7 @@ class Handler(BaseHTTPRequestHandler):
         obj = "chat.completion.chunk" if chat else "text_completion"
         self._start_stream()
         for i in range(r["completion_tokens"]):
-            self.engine.token_delay()
+            self.engine.token_delay(r)
             word = (" " if i else "") + WORDS[i % len(WORDS)]
             if chat:
                 delta = {"role": "assistant", "content": word} if i == 0 else {"content": word}
