@@ -76,3 +76,16 @@ def test_interconnect_read_from_the_simulated_topology(profile, want):
     assert topo.returncode == 0, topo.stderr
     assert interconnect_from_topology(topo.stdout, range(8)) == want
     assert interconnect_from_topology("garbage", range(8)) == "pcie"
+
+
+def test_the_model_directories_ship_the_tokenizer_rehearsal_tokenizer_writes():
+    from rehearsal import tokenizer
+    for model in ("kimi-k2.6", "deepseek-v3"):
+        for name, text in tokenizer.files().items():
+            assert (MODELS / model / name).read_text() == text, f"{model}/{name}: run python -m rehearsal.tokenizer"
+    vocab = tokenizer.vocabulary()
+    assert len(vocab) == tokenizer.VOCAB_SIZE and sorted(vocab.values()) == list(range(tokenizer.VOCAB_SIZE))
+    # the engine's filler words are tokens, so its output tokenizes to known ids
+    sys.path.insert(0, str(ENGINE_SRC))
+    from sglang._rehearsal.server import WORDS
+    assert set(WORDS) <= set(vocab)
