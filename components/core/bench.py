@@ -134,9 +134,11 @@ def summarize(record: dict) -> dict[str, Any]:
 
 def progress_line(index: int, total: int, concurrency: int, summary: dict, seconds: float) -> str:
     ttft, itl = summary["ttft_ms"], summary["itl_ms"]
+    def f(x):
+        return "?" if x is None else f"{x:.1f}"
     return (f"  level {index}/{total}: concurrency {concurrency}: {summary['completed']} requests in {seconds:.0f} s, "
-            f"output {summary['output_throughput']} tok/s, TTFT p50 {ttft['median']} ms (p99 {ttft['p99']}), "
-            f"ITL p50 {itl['median']} ms")
+            f"output {f(summary['output_throughput'])} tok/s, TTFT p50 {f(ttft['median'])} ms (p99 {f(ttft['p99'])}), "
+            f"ITL p50 {f(itl['median'])} ms")
 
 
 def is_rehearsal(server_version: Optional[str], host_is_rehearsal: bool) -> bool:

@@ -46,6 +46,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
     assert "stack pp8 does not serve" in refused.stderr and "sglang-kimi-k2.6-tp8.service" in refused.stderr
 
     done = bench(d, "tp8")
+    print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "level 1/2: concurrency 1" in done.stdout and "level 2/2: concurrency 32" in done.stdout
     assert "REHEARSAL" in done.stdout
