@@ -103,3 +103,18 @@ def test_a_rehearsal_figure_says_so():
                  finished=t, settings=settings(), levels=[])
     assert doc["rehearsal"] is True and "not a GPU measurement" in doc["note"] and doc["time"] == "2026-12-01T02:03:04Z"
     assert B.run_name(t) == "20261201T020304Z"
+
+
+@pytest.mark.parametrize("serving, readiness, words", [
+    (None, None, "does not serve on rehearsal:x: nothing serves"),
+    (("sglang-kimi-k2.6-pp8.service", "pp8"), None, "sglang-kimi-k2.6-pp8.service (stack pp8) serves"),
+    (("sglang-kimi-k2.6-tp8.service", "tp8"), {"status": "layout_mismatch", "reason": "ep_size 1 != 8"},
+     "is layout_mismatch: ep_size 1 != 8"),
+    (("sglang-kimi-k2.6-tp8.service", "tp8"), {"status": "unhealthy", "reason": "/health_generate 503"}, "is unhealthy"),
+    (("sglang-kimi-k2.6-tp8.service", "tp8"), {"status": "loading", "reason": "port closed"}, "is loading"),
+])
+def test_only_a_ready_server_of_the_stack_is_benchmarked(serving, readiness, words):
+    why = B.refusal("tp8", "sglang-kimi-k2.6-tp8.service", "rehearsal:x", serving, readiness)
+    assert why and words in why
+    assert B.refusal("tp8", "sglang-kimi-k2.6-tp8.service", "rehearsal:x", ("sglang-kimi-k2.6-tp8.service", "tp8"),
+                     {"status": "ready"}) is None

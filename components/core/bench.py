@@ -63,6 +63,22 @@ class BenchError(Exception):
     """Why a benchmark does not run (or stopped); the message says what to do."""
 
 
+def refusal(stack: str, unit: str, target: str, serving: Optional[tuple[str, Optional[str]]],
+            readiness: Optional[dict]) -> Optional[str]:
+    """Why the benchmark must not run, or None. `serving`: (unit, its stack) of what serves on the
+    host (None: nothing); `readiness`: the readiness report read now (status reads it the same
+    way). Only the stack's own unit, `ready` in the declared layout, is benchmarked."""
+    if serving is None or serving[0] != unit:
+        now = f"{serving[0]} (stack {serving[1]}) serves" if serving else "nothing serves"
+        return (f"stack {stack} does not serve on {target}: {now}; deploy or switch first "
+                f"(pulumi up --stack {stack}), then benchmark")
+    status = (readiness or {}).get("status")
+    if status != "ready":
+        return (f"{unit} on {target} is {status}: {(readiness or {}).get('reason')}; a benchmark runs only "
+                "against a server that is ready in the declared layout")
+    return None
+
+
 def prompts(settings: BenchmarkSettings, concurrency: int) -> int:
     return settings.prompts_per_concurrency * concurrency
 

@@ -125,14 +125,11 @@ def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = p
     # declared layout.
     host = S.parse_serving(ssh.fetch(t, reads.serving()).stdout)
     serving = host.serving[0] if host.serving else None
-    if serving is None or serving.name != plan.unit.name:
-        now = f"{serving.name} (stack {serving.stack}) serves" if serving else "nothing serves"
-        raise B.BenchError(f"stack {stack} does not serve on {target}: {now}; deploy or switch first "
-                           f"(pulumi up --stack {stack}), then benchmark")
-    report = remote_status._readiness(t, serving, declared_layout(plan))
-    if report["status"] != "ready":
-        raise B.BenchError(f"{plan.unit.name} on {target} is {report['status']}: {report.get('reason')}; "
-                           "a benchmark runs only against a server that is ready in the declared layout")
+    ours = serving is not None and serving.name == plan.unit.name
+    report = remote_status._readiness(t, serving, declared_layout(plan)) if ours else None
+    why = B.refusal(stack, plan.unit.name, target, (serving.name, serving.stack) if serving else None, report)
+    if why:
+        raise B.BenchError(why)
 
     python = f"{settings.venv.path}/bin/python"
     if bench.client == "rehearsal":
