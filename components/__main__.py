@@ -2,7 +2,8 @@
 ``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to.
 ``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH.
 ``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG.
-``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates)."""
+``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates).
+``python -m components bench --stack NAME``: SGLang's serving benchmark on the host, results in results/bench/."""
 from __future__ import annotations
 
 import argparse
@@ -130,9 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--stack", help="only this stack's hosts and files (default: every stack of the project)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--project-dir", default=".", type=Path)
+    b = sub.add_parser("bench", help="run SGLang's serving benchmark on the stack's host against its ready server "
+                                     "(settings gpu-serving:benchmark); results under results/bench/<stack>/<UTC time>/")
+    b.add_argument("--stack", required=True)
+    b.add_argument("--project-dir", default=".", type=Path)
     compare.add_parser(sub)
     advise_cli.add_parser(sub)
     args = parser.parse_args(argv)
+
+    if args.command == "bench":
+        from .remote.bench import bench_command
+        return bench_command(args.project_dir, args.stack)
 
     if args.command == "status":
         return _status(args)

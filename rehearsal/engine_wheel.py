@@ -52,7 +52,8 @@ def build(dest_dir, source: Path = SOURCE) -> Path:
     dist_info = "%s-%s.dist-info" % (re.sub(r"[-_.]+", "_", meta["name"]), meta["version"])
     files: list[tuple[str, bytes]] = []
     for package in PACKAGES:
-        for path in sorted((source / package).glob("*.py")):
+        # *.json: the performance model's parameters ship beside its code.
+        for path in sorted([*(source / package).glob("*.py"), *(source / package).glob("*.json")]):
             files.append(("%s/%s" % (package, path.name), path.read_bytes()))
     readme = source / "README.md"
     metadata = ("Metadata-Version: 2.1\nName: %s\nVersion: %s\nSummary: %s\nRequires-Python: %s\n"

@@ -609,6 +609,48 @@ class ReadinessSettings(Settings):
     settle_seconds: float = Field(1, ge=0, le=600)
 
 
+BENCH_CLIENTS = ("venv", "rehearsal")
+MAX_LEVELS = 16
+
+
+class BenchmarkSettings(Settings):
+    """``python -m components bench``: SGLang's serving benchmark (random-ids dataset, no
+    download) run on the host against the serving server, one run per concurrency level."""
+    concurrency: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=lambda: [1, 32, 64],
+                                                                      max_length=MAX_LEVELS)
+    input_len: int = Field(1024, ge=1, le=1_048_576)
+    output_len: int = Field(128, ge=1, le=1_048_576)
+    # bench_serving's --random-range-ratio: lengths drawn from [ratio x len, len]; 1 = fixed.
+    range_ratio: float = Field(1.0, gt=0, le=1)
+    # Prompts per level = promptsPerConcurrency x concurrency: fewer than 5 rounds of the
+    # concurrency measure mostly the ramp-up and the tail.
+    prompts_per_concurrency: int = Field(5, ge=5, le=1000)
+    seed: int = Field(1, ge=0, le=2**31 - 1)
+    # Where the client comes from: "venv" = the serving venv's own sglang (a real host);
+    # "rehearsal" = the real sglang wheel (no GPU dependencies) plus what its benchmark module
+    # imports, pinned in rehearsal/bench_client.txt, pushed and installed beside the rehearsal engine.
+    client: Literal["venv", "rehearsal"] = "venv"
+    timeout_seconds: float = Field(3600, gt=0, le=86400)  # per level
+    # Run after readiness in `pulumi up` (stack output `benchmark`): off, a real run takes minutes.
+    on_deploy: bool = False
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _numbers(cls, v):
+        if isinstance(v, list) and any(isinstance(x, bool) for x in v):
+            raise ValueError("levels are numbers of concurrent requests, not true/false: e.g. [1, 32, 64]")
+        return v
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, v):
+        if not v:
+            raise ValueError("at least one concurrency level is needed, e.g. [1, 32, 64]")
+        if len(set(v)) != len(v):
+            raise ValueError(f"levels must differ: {v} repeats one; e.g. {sorted(set(v))}")
+        return v
+
+
 class StackSettings(BaseModel):
     """Everything one strategy stack declares."""
 
@@ -623,6 +665,7 @@ class StackSettings(BaseModel):
     cuda: CudaSettings
     venv: VenvSettings
     readiness: ReadinessSettings
+    benchmark: "BenchmarkSettings" = BenchmarkSettings()
     # gpu-serving:hosts, when the stack deploys to a fleet; empty for the one-host form.
     hosts: tuple[HostEntry, ...] = ()
 
@@ -646,6 +689,7 @@ SECTIONS = {
     "cuda": CudaSettings,
     "venv": VenvSettings,
     "readiness": ReadinessSettings,
+    "benchmark": BenchmarkSettings,
 }
 # Settings given as their own (secret) config keys rather than inside a section.
 SECRET_KEYS = ("sshPrivateKey", "hfToken")

@@ -14,9 +14,11 @@ SIGTERM or SIGINT stops it cleanly (exit 0). Faults are injected with $REHEARSAL
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -25,6 +27,7 @@ from sglang.version import __version__
 from sglang._rehearsal import args as cli
 from sglang._rehearsal import gpus as gpu_mod
 from sglang._rehearsal import rules
+from sglang._rehearsal.performance import Layout, PerformanceModel, interconnect_from_topology
 from sglang._rehearsal.rules import GiB, MiB, Refusal
 from sglang._rehearsal.server import EngineHTTPServer, new_request_id, serve
 
@@ -97,6 +100,11 @@ class Engine:
         self.usage_file = None
         self.log_health = env.get("REHEARSAL_LOG_HEALTH", "1") != "0"
         self.seconds_per_token = float(env.get("REHEARSAL_SECONDS_PER_TOKEN") or 0)
+        # Pacing: the performance model (default), a fixed REHEARSAL_SECONDS_PER_TOKEN, or none.
+        self.pacing = env.get("REHEARSAL_PERFORMANCE", "model")
+        self.perf = PerformanceModel.load() if self.pacing == "model" and not self.seconds_per_token else None
+        self.perf_layout = None
+        self.running = 0  # requests between prefill and their last token
         self.declared_ep_size = None
 
     # ------------------------------------------------------------------ HTTP-facing behaviour
@@ -129,15 +137,63 @@ class Engine:
                     f"{prompt_tokens + max_new_tokens} tokens: {prompt_tokens} tokens from the input "
                     f"messages and {max_new_tokens} tokens for the completion. Please reduce the number "
                     "of tokens in the input messages or the completion to fit within the limit.")
-        started = time.time()
-        if self.seconds_per_token and max_new_tokens:
-            time.sleep(min(self.seconds_per_token * max_new_tokens, 60))
         return {"id": new_request_id(), "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
-                "latency": round(time.time() - started, 4)}
+                "started": time.time()}
 
-    def token_delay(self):
+    @contextlib.contextmanager
+    def decoding(self, result: dict):
+        """One request from prefill to its last token: it counts as running meanwhile, so the
+        pace of every stream follows the concurrency (performance.py)."""
+        with self.lock:
+            self.running += 1
+        try:
+            if self.perf and self.perf_layout:
+                time.sleep(self.perf.prefill_ms(self.perf_layout, self.model.num_layers, result["prompt_tokens"]) / 1000)
+            yield
+        finally:
+            with self.lock:
+                self.running -= 1
+            result["latency"] = round(time.time() - result["started"], 4)
+
+    def token_delay(self, result: dict | None = None):
+        """Wait until the request's next token is due. Due times are kept per request (not a
+        sleep per token), so the time spent writing chunks does not slow the modelled pace."""
         if self.seconds_per_token:
-            time.sleep(self.seconds_per_token)
+            step = self.seconds_per_token
+        elif self.perf and self.perf_layout:
+            step = self.perf.round_ms(self.perf_layout, self.model.num_layers, self.running) / 1000
+        else:
+            return
+        if result is None:
+            time.sleep(step)
+            return
+        now = time.monotonic()
+        due = max(result.get("due", now), now - step) + step  # never catch up more than one step
+        result["due"] = due
+        if due > now:
+            time.sleep(due - now)
+
+    def decode_all(self, results: list):
+        """Non-streaming requests (one, or a batch decoded together) take as long as their streams would."""
+        with contextlib.ExitStack() as stack:
+            for result in results:
+                stack.enter_context(self.decoding(result))
+            longest = max(r["completion_tokens"] for r in results)
+            if self.seconds_per_token:
+                time.sleep(min(self.seconds_per_token * longest, 60))
+            elif self.perf and self.perf_layout:
+                pace: dict = {}
+                for _ in range(longest):
+                    self.token_delay(pace)
+
+    def read_interconnect(self) -> str:
+        binary = self.env.get("REHEARSAL_NVIDIA_SMI") or "nvidia-smi"
+        try:
+            proc = subprocess.run([binary, "topo", "-m"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return "pcie"
+        return interconnect_from_topology(proc.stdout if proc.returncode == 0 else "",
+                                          [g.index for g in self.used_gpus])
 
     def after_request(self):
         with self.lock:
@@ -187,9 +243,21 @@ class Engine:
                 "kv_bytes_per_token": plan.kv_bytes_per_token,
                 "layout": self.layout,
                 "requests_served": self.requests_served,
+                "performance": self.performance_info(),
             },
         })
         return info
+
+    def performance_info(self) -> dict:
+        if self.seconds_per_token:
+            return {"pacing": f"fixed {self.seconds_per_token} s per token (REHEARSAL_SECONDS_PER_TOKEN)"}
+        if not (self.perf and self.perf_layout):
+            return {"pacing": "none"}
+        layers = self.model.num_layers
+        return {"pacing": "model", "parameters": "sglang/_rehearsal/performance.json",
+                "interconnect": self.perf_layout.interconnect, "running": self.running,
+                "output_tok_s": {str(c): round(self.perf.output_tok_s(self.perf_layout, layers, c), 1)
+                                 for c in (1, 32, 64)}}
 
     def model_info(self) -> dict:
         return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
@@ -302,6 +370,9 @@ class Engine:
             self.wait(None)
         log.info("Init torch distributed ends. mem usage=0.00 GB", rank=True)
         self.layout = rules.check_model_layout(args, self.model)
+        if self.perf:
+            self.perf_layout = Layout.from_args(args, self.read_interconnect())
+            log.info(f"rehearsal: token pace from the performance model: {self.perf_layout}")
         free = [g.free_mib * MiB for g in self.used_gpus]
         oom = None
         try:

@@ -32,6 +32,9 @@ def count_tokens(text) -> int:
 class EngineHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # uvicorn's listen backlog: with socketserver's 5, a benchmark opening 32 connections at once
+    # has some SYNs dropped and retried a second later (a TTFT p99 of 1.3 s that SGLang never shows).
+    request_queue_size = 2048
 
     def __init__(self, address, engine):
         self.engine = engine
@@ -202,25 +205,32 @@ class Handler(BaseHTTPRequestHandler):
                 return
             results.append(result)
         if body.get("stream") and not batch:
-            self._stream_generate(results[0])
+            with self.engine.decoding(results[0]):
+                self._stream_generate(results[0])
         else:
+            self.engine.decode_all(results)
             out = [self._generate_json(r) for r in results]
             self._send(200, out if batch else out[0])
         self.engine.after_request()
 
-    def _generate_json(self, r, upto=None):
+    def _generate_json(self, r, upto=None, text=None):
         n = r["completion_tokens"] if upto is None else upto
-        return {"text": fake_text(n), "output_ids": list(range(n)), "meta_info": {
+        latency = r["latency"] if "latency" in r else round(time.time() - r["started"], 4)
+        return {"text": fake_text(n) if text is None else text, "output_ids": list(range(n)), "meta_info": {
             "id": r["id"], "finish_reason": {"type": "length", "length": r["completion_tokens"]}
             if upto is None or upto == r["completion_tokens"] else None,
             "prompt_tokens": r["prompt_tokens"], "weight_version": self.engine.args.weight_version,
-            "completion_tokens": n, "cached_tokens": 0, "e2e_latency": r["latency"]}}
+            "completion_tokens": n, "cached_tokens": 0, "e2e_latency": latency}}
 
     def _stream_generate(self, r):
+        # Like SGLang's /generate stream: every chunk carries the text so far and the token count
+        # (meta_info.completion_tokens), which is what bench_serving measures TTFT and ITL from.
         self._start_stream()
+        text = ""
         for n in range(1, r["completion_tokens"] + 1):
-            self.engine.token_delay()
-            self._chunk(self._generate_json(r, upto=n))
+            self.engine.token_delay(r)
+            text += (" " if text else "") + WORDS[(n - 1) % len(WORDS)]
+            self._chunk(self._generate_json(r, upto=n, text=text))
         self._chunk("[DONE]")
 
     def _openai(self, chat: bool):
@@ -251,27 +261,10 @@ class Handler(BaseHTTPRequestHandler):
         usage = {"prompt_tokens": prompt, "total_tokens": prompt + n_out, "completion_tokens": n_out,
                  "prompt_tokens_details": None}
         if body.get("stream"):
-            self._start_stream()
-            for i in range(n_out):
-                self.engine.token_delay()
-                word = (" " if i else "") + WORDS[i % len(WORDS)]
-                if chat:
-                    delta = {"role": "assistant", "content": word} if i == 0 else {"content": word}
-                    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-                    obj = "chat.completion.chunk"
-                else:
-                    choice = {"index": 0, "text": word, "logprobs": None, "finish_reason": None}
-                    obj = "text_completion"
-                self._chunk({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]})
-            last = {"index": 0, "logprobs": None, "finish_reason": finish}
-            last.update({"delta": {}} if chat else {"text": ""})
-            final = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                     "created": created, "model": model, "choices": [last]}
-            if (body.get("stream_options") or {}).get("include_usage"):
-                final["usage"] = usage
-            self._chunk(final)
-            self._chunk("[DONE]")
+            with self.engine.decoding(r):
+                self._stream_openai(body, chat, r, model, created, finish, usage)
         else:
+            self.engine.decode_all([r])
             text = fake_text(n_out)
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
@@ -284,6 +277,29 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"id": rid, "object": obj, "created": created, "model": model,
                              "choices": [choice], "usage": usage})
         self.engine.after_request()
+
+    def _stream_openai(self, body, chat, r, model, created, finish, usage):
+        """OpenAI server-sent events: one chunk per token (a delta), a last chunk with the finish
+        reason (and the usage when stream_options.include_usage), then [DONE]."""
+        rid = r["id"]
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        self._start_stream()
+        for i in range(r["completion_tokens"]):
+            self.engine.token_delay(r)
+            word = (" " if i else "") + WORDS[i % len(WORDS)]
+            if chat:
+                delta = {"role": "assistant", "content": word} if i == 0 else {"content": word}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": word, "logprobs": None, "finish_reason": None}
+            self._chunk({"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]})
+        last = {"index": 0, "logprobs": None, "finish_reason": finish}
+        last.update({"delta": {}} if chat else {"text": ""})
+        final = {"id": rid, "object": obj, "created": created, "model": model, "choices": [last]}
+        if (body.get("stream_options") or {}).get("include_usage"):
+            final["usage"] = usage
+        self._chunk(final)
+        self._chunk("[DONE]")
 
     def _chat(self):
         self._openai(chat=True)

@@ -1,0 +1,191 @@
+"""``python -m components bench --stack NAME``: SGLang's serving benchmark, run on the host over
+SSH against the stack's serving server, after the same readiness read `status` makes (a server
+that is not `ready` in the declared layout is never benchmarked). The pure parts and the result
+layout are in components/core/bench.py.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..core import bench as B
+from ..core import reads
+from ..core import status as S
+from ..core.errors import ConfigError
+from ..core.plan import check_stack, declared_layout
+from ..core.stack_config import from_files
+from ..core.venv import distribution_of, normalize
+from . import ssh
+from . import status as remote_status
+from .installers import sync_files
+
+REPO = Path(__file__).resolve().parents[2]
+CLIENT_REQUIREMENTS = REPO / "rehearsal" / "bench_client.txt"
+PIP_TIMEOUT = 1800
+
+
+def _cache() -> Path:
+    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving")
+
+
+def local_client_wheels(specs: list[str], progress: Callable[[str], None]) -> dict[str, Path]:
+    """The client's wheels on this machine: the cache, filled by `pip download` (this machine's
+    pip cache or PyPI) for the pins it does not have yet. {file name: path}."""
+    cache = _cache() / "bench-client" / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def have() -> dict[tuple[str, str], Path]:
+        out = {}
+        for f in cache.iterdir():
+            dist = distribution_of(f.name)
+            if dist and f.name.endswith(".whl"):
+                out[dist] = f
+        return out
+
+    def key(spec: str) -> tuple[str, str]:
+        name, _, version = spec.partition("==")
+        return normalize(name), version
+
+    missing = [s for s in specs if key(s) not in have()]
+    if missing:
+        progress(f"bench: downloading {len(missing)} client wheel(s) with pip on this machine")
+        # Wheels only (no builds on an offline host), no dependency resolution: the pins are the set.
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                               "--python-version", "3.11", "-d", str(cache), *missing],
+                              capture_output=True, text=True, timeout=PIP_TIMEOUT)
+        if done.returncode != 0:
+            tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-10:])
+            raise B.BenchError(f"pip download of the benchmark client's wheels failed (exit {done.returncode}):\n{tail}")
+    found = have()
+    still = [s for s in specs if key(s) not in found]
+    if still:
+        raise B.BenchError(f"no wheel for {', '.join(still)} in {cache}")
+    return {found[key(s)].name: found[key(s)] for s in specs}
+
+
+def install_rehearsal_client(t: ssh.Target, python: str, progress: Callable[[str], None]) -> None:
+    """Push the pinned client wheels and install them (no index, no dependency resolution) into
+    their own directory; skipped when that directory already holds exactly these pins."""
+    specs = B.parse_requirements(CLIENT_REQUIREMENTS.read_text())
+    digest = hashlib.sha256("\n".join(specs).encode()).hexdigest()
+    marker = ssh.read_file(t, f"{B.CLIENT_DIR}/{B.CLIENT_MARKER}")
+    if marker is not None and marker.decode(errors="replace").strip() == digest:
+        return
+    files = local_client_wheels(specs, progress)
+    pushed = sync_files(t, files, B.CLIENT_WHEELS_DIR)
+    if pushed:
+        progress(f"bench: pushed {len(pushed)} client wheel(s) to {B.CLIENT_WHEELS_DIR}")
+    progress(f"bench: installing the benchmark client ({specs[0]} + {len(specs) - 1} pinned packages) into {B.CLIENT_DIR}")
+    ssh.run(t, ["rm", "-rf", "--", B.CLIENT_DIR], purpose="clearing the benchmark client", timeout=120)
+    ssh.run(t, [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-index", "--no-deps",
+                "--find-links", B.CLIENT_WHEELS_DIR, "--target", B.CLIENT_DIR, *specs],
+            purpose="installing the benchmark client", timeout=PIP_TIMEOUT)
+    ssh.write_file(t, f"{B.CLIENT_DIR}/{B.CLIENT_MARKER}", (digest + "\n").encode(), 0o644)
+
+
+def probe_client(t: ssh.Target, python: str, client: str) -> dict:
+    env = [f"{k}={v}" for k, v in sorted(B.client_environment(client).items())]
+    res = ssh.run(t, ["env", *env, python, "-c", B.CLIENT_PROBE], purpose="reading the benchmark client", timeout=60,
+                  check=False)
+    try:
+        found = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise B.BenchError(f"{python} on {t.label} did not run (exit {res.rc}): is the venv deployed? "
+                           f"{(res.stderr or res.stdout).strip()[-300:]}") from None
+    if not found.get("module"):
+        hint = ("the venv's sglang is the rehearsal engine, which has no benchmark client: set "
+                "gpu-serving:benchmark.client: rehearsal" if "rehearsal" in str(found.get("version")) else
+                "install an sglang that ships bench_serving in the venv (gpu-serving:venv.packages)")
+        raise B.BenchError(f"no SGLang serving benchmark importable by {python} on {t.label} "
+                           f"(sglang {found.get('version')} at {found.get('path')}): {hint}")
+    return found
+
+
+def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = print,
+              results_root: Optional[Path] = None) -> tuple[Path, dict]:
+    """Benchmark the stack's serving server on its (first) host; returns (result dir, meta)."""
+    checked = check_stack(stack, from_files(project_dir, stack), project_dir)
+    (entry, plan), (_, settings) = checked.plans[0], checked.settings.per_host()[0]
+    bench = settings.benchmark
+    try:
+        conn = remote_status.connection(settings, stack, project_dir, checked)
+    except remote_status.StatusError as exc:
+        raise B.BenchError(str(exc)) from None
+    t = ssh.Target.from_props({"connection": conn})
+    target = settings.host.target
+
+    # Readiness first, read as `status` reads it: the stack's own unit must serve, ready, in the
+    # declared layout.
+    host = S.parse_serving(ssh.fetch(t, reads.serving()).stdout)
+    serving = host.serving[0] if host.serving else None
+    ours = serving is not None and serving.name == plan.unit.name
+    report = remote_status._readiness(t, serving, declared_layout(plan)) if ours else None
+    why = B.refusal(stack, plan.unit.name, target, (serving.name, serving.stack) if serving else None, report)
+    if why:
+        raise B.BenchError(why)
+
+    python = f"{settings.venv.path}/bin/python"
+    if bench.client == "rehearsal":
+        install_rehearsal_client(t, python, progress)
+    found = probe_client(t, python, bench.client)
+    port = int(serving.layout.get("port", settings.serving.port)) if str(serving.layout.get("port", "")).isdigit() \
+        else settings.serving.port
+    address = reads.probe_address(str(serving.layout.get("host", settings.serving.host)))
+
+    started = datetime.now(timezone.utc)
+    out_dir = (results_root or project_dir / B.RESULTS_DIR) / stack / B.run_name(started)
+    remote_dir = f"{B.REMOTE_RUN_DIR}/{stack}-{B.run_name(started)}"
+    levels = list(bench.concurrency)
+    progress(f"bench {stack}: {plan.layout.describe()} on {target}, {found['module']} {found['version']} "
+             f"({'rehearsal client' if bench.client == 'rehearsal' else 'the venv'}), levels {levels}, "
+             f"random-ids {bench.input_len} in / {bench.output_len} out")
+    ssh.run(t, ["mkdir", "-p", "--", remote_dir], purpose="creating the benchmark directory", timeout=60)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = []
+    try:
+        for i, c in enumerate(levels, 1):
+            remote_file = f"{remote_dir}/c{c}.jsonl"
+            argv = B.level_argv(python=python, module=found["module"], client=bench.client, address=address, port=port,
+                                model_path=settings.model.path, served_name=None, settings=bench, concurrency=c,
+                                output_file=remote_file)
+            progress(f"  level {i}/{len(levels)}: concurrency {c}, {B.prompts(bench, c)} prompts ...")
+            t0 = time.monotonic()
+            res = ssh.run(t, B.level_script(argv, remote_file), purpose=f"benchmark level {c}",
+                          timeout=bench.timeout_seconds, check=False)
+            data = ssh.read_file(t, remote_file)
+            if res.rc != 0 or data is None:
+                tail = "\n".join((res.stdout + "\n" + res.stderr).strip().splitlines()[-15:])
+                raise B.BenchError(f"the benchmark at concurrency {c} failed on {target} (exit {res.rc}):\n{tail}")
+            (out_dir / f"c{c}.jsonl").write_bytes(data)
+            summary = B.summarize(B.last_record(data.decode()))
+            summaries.append(summary)
+            progress(B.progress_line(i, len(levels), c, summary, time.monotonic() - t0))
+    finally:
+        ssh.run(t, ["rm", "-rf", "--", remote_dir], purpose="removing the benchmark directory", timeout=60, check=False)
+    server_version = report.get("version") or (summaries[0].get("server_version") if summaries else None)
+    rehearsal = B.is_rehearsal(server_version, settings.host.is_rehearsal)
+    doc = B.meta(stack=stack, strategy=settings.strategy_name, layout=declared_layout(plan) | {"describe": plan.layout.describe()},
+                 host=target + (f" ({entry})" if entry else ""),
+                 model={"name": settings.model.name, "path": settings.model.path}, sglang_version=found["version"],
+                 client_module=found["module"], server_version=server_version, rehearsal=rehearsal, started=started,
+                 finished=datetime.now(timezone.utc), settings=bench, levels=summaries)
+    (out_dir / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
+    return out_dir, doc
+
+
+def bench_command(project_dir: Path, stack: str) -> int:
+    """The CLI: exit 0 with the results written; 2 on bad settings, a server not ready, or a failed run."""
+    try:
+        out_dir, doc = run_bench(project_dir, stack, progress=lambda line: print(line, flush=True))
+    except (ConfigError, B.BenchError, ssh.RemoteError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"results: {out_dir}" + (" (REHEARSAL: performance model, not a GPU measurement)" if doc["rehearsal"] else ""))
+    return 0
