@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import hashlib
-import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ class Host:
 
 def count(lines: list[str]) -> tuple[int, int]:
     """(connections, sessions) in sshd log lines."""
-    return (sum("Accepted publickey" in l for l in lines), sum("Starting session:" in l for l in lines))
+    return (sum("Accepted publickey" in ln for ln in lines), sum("Starting session:" in ln for ln in lines))
 
 
 class Counter:
@@ -132,7 +131,8 @@ for u in $UNITS; do
   echo "unit $u $(systemctl is-active $u) $(systemctl is-enabled $u 2>/dev/null || echo -) $(systemctl show -p NeedDaemonReload --value $u)"
 done
 echo "health $(curl -s -o /dev/null -w '%{http_code}' --max-time 30 http://127.0.0.1:$PORT/health_generate)"
-echo "info $(curl -s --max-time 30 http://127.0.0.1:$PORT/server_info | tr -d '\n' | grep -o '"\(tp\|ep\|pp\)_size": *[0-9]*' | tr -d ' "' | tr '\n' ' ')"
+echo "info $(curl -s --max-time 30 http://127.0.0.1:$PORT/server_info | tr -d '\n' \
+  | grep -o '"\(tp\|ep\|pp\)_size": *[0-9]*' | tr -d ' "' | tr '\n' ' ')"
 """
 
 

@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -47,7 +46,7 @@ def _run(argv: list[str], *, cwd: Optional[Path] = None, env: Optional[dict] = N
 def excerpt(output: str, tail: int = 25) -> str:
     """What a failed tool said: its error lines, then its last lines."""
     lines = output.strip().splitlines()
-    errors = [l for l in lines if "error" in l.lower() or "fatal" in l.lower() or "failed" in l.lower()][:30]
+    errors = [ln for ln in lines if "error" in ln.lower() or "fatal" in ln.lower() or "failed" in ln.lower()][:30]
     return "\n".join(errors + ["..."] + lines[-tail:])
 
 

@@ -30,7 +30,8 @@ def _print_plan(plan: ServingPlan) -> None:
     for s in m.stages:
         print(f"    stage {s.stage}: {s.layers} layers, weights {s.weights_gb} GB, KV pool {s.kv_pool_gb} GB,"
               f" {s.kv_bytes_per_token:,} B/token, {s.max_total_tokens:,} tokens")
-    print(f"  KV capacity  {m.max_total_tokens:,} tokens per replica; demand {m.max_running_requests} x {m.context_length} = {m.token_demand:,}")
+    print(f"  KV capacity  {m.max_total_tokens:,} tokens per replica; "
+          f"demand {m.max_running_requests} x {m.context_length} = {m.token_demand:,}")
     for w in plan.warnings:
         print(f"  warning      {w}")
     print(f"  unit         {d['unit_name']}" + (f" (Conflicts= {' '.join(d['conflicts'])})" if d["conflicts"] else ""))

@@ -3,7 +3,6 @@ for the stack's host before deploying (components/core/advise.py), from the host
 --facts, from the host facts the last `pulumi up` kept in the stack's state."""
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess

@@ -49,7 +49,8 @@ def install_props(cuda: CudaSettings) -> dict:
         try:
             info = build_repo(cuda.version)
         except RepoBuildError as exc:
-            raise ConfigError([SettingError("gpu-serving:cuda.aptRepository", f"the rehearsal repository could not be built: {exc}")]) from None
+            raise ConfigError([SettingError("gpu-serving:cuda.aptRepository",
+                                            f"the rehearsal repository could not be built: {exc}")]) from None
         if cuda.keyring_sha256 and cuda.keyring_sha256 != info.keyring_sha256:
             raise ConfigError([SettingError(
                 "gpu-serving:cuda.keyringSha256", f"does not match the rehearsal repository's keyring ({info.keyring_sha256})",

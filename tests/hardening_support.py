@@ -4,7 +4,10 @@ command run on a rehearsal host over SSH, and the out-of-band controls that inje
 The summary line is printed at the end of the run (tests/conftest.py registers the plugin), from
 counters the tests fill, whenever a hardening test counted something:
 
-    hardening: 101 invalid configs refused (101 through pulumi with 0 host commands: 101 by preview, 18 by up), 9 faults injected and survived, 0 secrets found in outputs (28 outputs checked)
+    hardening: 101 invalid configs refused (101 through pulumi with 0 host commands: 101 by preview,
+    18 by up), 9 faults injected and survived, 0 secrets found in outputs (28 outputs checked)
+
+(one line in the output).
 """
 from __future__ import annotations
 

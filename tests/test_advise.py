@@ -103,7 +103,7 @@ def test_results_reader_is_tolerant_and_keeps_the_newest(tmp_path):
     (tmp_path / "tp8" / "20261202T100000Z" / "notes.json").write_text("not json {")
     (tmp_path / "tp8" / "20261202T100000Z" / "other.json").write_text('{"something": 1}')
     lines = [{"max_concurrency": 32, "output_throughput": 700.0}, {"max_concurrency": 64, "output_throughput": 900.0}]
-    (tmp_path / "tp8" / "20261202T100000Z" / "run.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n")
+    (tmp_path / "tp8" / "20261202T100000Z" / "run.jsonl").write_text("\n".join(json.dumps(ln) for ln in lines) + "\n")
     write_result(tmp_path, "unknown", "20261202T100000Z", 1, 10.0)
     measured, notes = A.read_results(tmp_path, {"tp8": TP8})
     assert [(m.stack, m.concurrency, m.output_throughput) for m in measured] == [("tp8", 1, 30.0), ("tp8", 32, 700.0), ("tp8", 64, 900.0)]

@@ -25,7 +25,7 @@ import yaml
 from components.core import flags
 from components.core.config import SECTIONS, parse_settings
 from components.core.errors import ConfigError, SettingError
-from components.core.plan import build_plan, build_plans, check_stack, plan_stack, stack_names
+from components.core.plan import build_plans, check_stack, plan_stack, stack_names
 from components.core.stack_config import RawConfig, _decode, from_files
 from components.core.strategy import UNIT_NAME
 
@@ -282,7 +282,7 @@ VALID = {
     ("serving", "environmentDir"): "/etc/gpu-serving",
     ("cuda", "version"): "13.0", ("cuda", "home"): "/usr/local/cuda-13.0", ("cuda", "install"): "verify",
     ("cuda", "aptPackage"): "cuda-toolkit-13-0", ("cuda", "keyringSha256"): "0" * 64,
-    ("cuda", "aptRepository"): "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",
+    ("cuda", "aptRepository"): "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",  # noqa: E501 - one literal
     ("venv", "path"): "/root/venv_sglang211", ("venv", "python"): "3.12", ("venv", "wheelhouse"): "/srv/wheels",
     ("benchmark", "client"): "rehearsal",
 }

@@ -39,7 +39,7 @@ def test_apt_source(name, case):
     # What is written to the host: our header, then exactly that one line; and it parses back.
     text = C.render_source_file(source)
     assert text.startswith("# Managed by gpu-serving") and text.endswith(expect["line"] + "\n")
-    assert [l for l in text.splitlines() if not l.startswith("#")] == [expect["line"]]
+    assert [ln for ln in text.splitlines() if not ln.startswith("#")] == [expect["line"]]
     assert C.parse_apt_line(source.line) == source
 
 

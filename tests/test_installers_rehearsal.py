@@ -51,7 +51,8 @@ def state_of_apt(info) -> str:
 @pytest.fixture(scope="module")
 def cuda_props(rehearsal_host):
     props = {"connection": connection(rehearsal_host),
-             **cuda_component.install_props(CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))}
+             **cuda_component.install_props(
+                 CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))}
     # A reused host (GPU_SERVING_TEST_HOST) may have it from an earlier run: start clean.
     rehearsal_host.run("apt-get purge -y -q cuda-toolkit-13-0; rm -rf /usr/local/cuda-13.0 "
                        f"{C.SOURCE_FILE} {C.REHEARSAL_KEYRING} {C.REHEARSAL_REPO_DIR}", timeout=300)
@@ -71,7 +72,8 @@ def test_cuda_installs_from_the_signed_standin_repository(rehearsal_host, cuda_p
     assert (outs["version"], outs["nvccRelease"], outs["home"]) == ("13.0", "13.0.88", "/usr/local/cuda-13.0")
     assert "release 13.0, V13.0.88" in sh(info, "/usr/local/cuda-13.0/bin/nvcc --version")
     assert sh(info, "dpkg-query -W -f='${db:Status-Status}' cuda-toolkit-13-0") == "installed"
-    assert "Commandline: apt-get -q -o DPkg::Lock::Timeout=600 install -y --no-install-recommends" in sh(info, "cat /var/log/apt/history.log")
+    history = sh(info, "cat /var/log/apt/history.log")
+    assert "Commandline: apt-get -q -o DPkg::Lock::Timeout=600 install -y --no-install-recommends" in history
     # The real path: a signed-by source in its own file, the keyring pinned by sha256.
     line = sh(info, f"grep -v '^#' {C.SOURCE_FILE}").strip()
     assert line == outs["sourceLine"] == C.rehearsal_repository().line
@@ -148,7 +150,8 @@ def test_cuda_delete_leaves_the_toolkit(rehearsal_host, cuda_created):
 def venv_props(rehearsal_host):
     rehearsal_host.run(f"rm -rf {VENV}")
     return {"connection": connection(rehearsal_host),
-            **venv_component.install_props(VenvSettings.model_validate({"path": VENV, "python": "3.11", "packages": [ENGINE], "wheelhouse": "rehearsal"}))}
+            **venv_component.install_props(VenvSettings.model_validate(
+                {"path": VENV, "python": "3.11", "packages": [ENGINE], "wheelhouse": "rehearsal"}))}
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ The end-to-end proof that drift is still seen with prefetch on is the rehearsal 
 from __future__ import annotations
 
 import ast
-import base64
 import json
 import shlex
 import threading

@@ -36,7 +36,7 @@ from typing import Iterable, Optional
 from .config import A2A_BACKENDS, NAMESPACE, StackSettings, StrategySettings
 from .errors import SettingError
 from .memory import GB, MemoryPlan, plan_memory, pp_layer_split
-from .strategy import Layout, check_extra_args, check_strategy, check_unit_name, check_visible_gpus, layout_of
+from .strategy import Layout, check_extra_args, check_strategy, check_unit_name, check_visible_gpus
 
 DATA = Path(__file__).parent / "data"
 # The all-to-all backend the advisor tries for expert parallelism (SGLang lists several; they

@@ -385,7 +385,8 @@ class HostSettings(Settings):
     user: _text(32, "user name (lower-case letters, digits, _ -)", USER) = "root"
     gpu_count: int = Field(8, ge=1, le=64)
     gpu_memory_gb: float = Field(96, gt=0, le=1024)
-    gpu_model: _text(128, "GPU model name (letters, digits, spaces, . _ ( ) / + -)", SAFE_TEXT) = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
+    gpu_model: _text(128, "GPU model name (letters, digits, spaces, . _ ( ) / + -)",
+                     SAFE_TEXT) = "NVIDIA RTX PRO 6000 Blackwell Server Edition"
     interconnect: Literal["pcie", "nvlink"] = "pcie"
     # The pinned SSH host key ("ssh-ed25519 AAAA..."), checked to be a real key of that type;
     # required for a real host.
@@ -581,7 +582,8 @@ def _wheelhouse(v: str) -> str:
 
 
 class VenvSettings(Settings):
-    path: _text(MAX_PATH, "absolute path without spaces, quotes or shell characters", SAFE_PATH, _canonical, _not_system) = "/root/venv_sglang211"
+    path: _text(MAX_PATH, "absolute path without spaces, quotes or shell characters",
+                SAFE_PATH, _canonical, _not_system) = "/root/venv_sglang211"
     python: _text(5, "Python version like 3.11 (ASCII digits)", PYTHON_VERSION) = "3.11"
     # Pinned pip requirements ("name==version"); an unpinned one would make `up` non-repeatable.
     packages: list[PipSpec] = Field(default_factory=lambda: ["sglang[all]==0.5.23"], max_length=MAX_PACKAGES)
@@ -763,7 +765,8 @@ def _validation_errors(section: str, exc: ValidationError, where=None) -> list[S
         if err["type"] == "extra_forbidden":
             out.append(SettingError(where(loc), "unknown key", _suggest(section, str(loc[-1]))))
         elif err["type"] == "missing":
-            out.append(SettingError(where(loc), "is required", "set it in the stack file or pick a model profile" if section == "model" else ""))
+            fix = "set it in the stack file or pick a model profile" if section == "model" else ""
+            out.append(SettingError(where(loc), "is required", fix))
         else:
             out.append(SettingError(where(loc), err["msg"].removeprefix("Value error, ")))
     return out

@@ -4,10 +4,11 @@ Two methods (``gpu-serving:cuda.install``):
 
 - ``apt``: NVIDIA's apt repository, keyring pinned by sha256 (``cuda.keyringSha256``), package
   ``cuda-toolkit-<M>-<m>``. The repository line NVIDIA documents (network repo install) is, for
-  Debian 12 and Ubuntu 24.04 on x86_64 (arm64 servers use ``sbsa`` instead of ``x86_64``)::
+  Debian 12 and Ubuntu 24.04 on x86_64 (arm64 servers use ``sbsa`` instead of ``x86_64``),
+  with ``<distro>`` ``debian12`` or ``ubuntu2404``::
 
-      deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /
-      deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2404/x86_64/ /
+      deb [signed-by=/usr/share/keyrings/cuda-archive-keyring.gpg] <repos>/<distro>/x86_64/ /
+      <repos> = https://developer.download.nvidia.com/compute/cuda/repos
 
   and the keyring is ``<repository>/cuda-archive-keyring.gpg`` (the file NVIDIA's cuda-keyring
   package installs). With no ``cuda.aptRepository`` the line is chosen from the host's
@@ -56,7 +57,7 @@ NVIDIA_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 INSTALL_TIMEOUT = 3600
 
 _OPTION = r"[a-z][a-z-]*=[A-Za-z0-9_./:,+-]+"
-APT_LINE = re.compile(rf"\Adeb \[({_OPTION}(?: {_OPTION})*)\] ((?:https?|file):[A-Za-z0-9_./:~+-]+) ([A-Za-z0-9_./-]+)((?: [a-z0-9_-]+)*)\Z", re.ASCII)
+APT_LINE = re.compile(rf"\Adeb \[({_OPTION}(?: {_OPTION})*)\] ((?:https?|file):[A-Za-z0-9_./:~+-]+) ([A-Za-z0-9_./-]+)((?: [a-z0-9_-]+)*)\Z", re.ASCII)  # noqa: E501 - one literal
 
 
 @dataclass(frozen=True)

@@ -68,8 +68,8 @@ def parse_topo(text: str) -> dict[str, object]:
     NV# means # bonded NVLinks; PIX/PXB/PHB/NODE/SYS are PCIe paths. A host is "nvlink" when
     every GPU pair is linked by NVLink, "pcie" otherwise (a partial NVLink box is "mixed").
     """
-    lines = [_ANSI.sub("", l).rstrip("\n") for l in text.splitlines()]
-    header = next((l for l in lines if l.strip().startswith("GPU0")), None)
+    lines = [_ANSI.sub("", ln).rstrip("\n") for ln in text.splitlines()]
+    header = next((ln for ln in lines if ln.strip().startswith("GPU0")), None)
     if header is None:
         raise FactError("nvidia-smi topo -m: no GPU header line")
     columns = [c.strip() for c in header.strip().split("\t") if c.strip()]

@@ -117,7 +117,8 @@ def plan_memory(settings: StackSettings) -> tuple[MemoryPlan, list[SettingError]
                f"the weights alone ({full.weights_gb:.1f} GB a GPU) need more GPUs or a larger ppSize/tpSize")
         errors.append(SettingError(
             f"{NAMESPACE}:serving.memFractionStatic",
-            f"no room for the KV cache: {full.weights_gb:.1f} GB of weights per GPU exceed {gpu_gb:g} GB x {serving.mem_fraction_static} = {budget:.1f} GB (SGLang would fail at start: Not enough memory)",
+            f"no room for the KV cache: {full.weights_gb:.1f} GB of weights per GPU exceed {gpu_gb:g} GB x "
+            f"{serving.mem_fraction_static} = {budget:.1f} GB (SGLang would fail at start: Not enough memory)",
             fix))
     elif demand > tokens * replicas:
         warnings.append(

@@ -136,7 +136,9 @@ def check_strategy(settings: StackSettings) -> list[SettingError]:
     if L.moe_a2a_backend in A2A_BACKENDS:
         if L.ep_size != L.tp_size:
             errors.append(SettingError(
-                f"{S}.epSize", f"moeA2aBackend {L.moe_a2a_backend} makes SGLang overwrite ep_size with tp_size ({L.tp_size}); refusing rather than normalising so the declared layout is the one that runs",
+                f"{S}.epSize",
+                f"moeA2aBackend {L.moe_a2a_backend} makes SGLang overwrite ep_size with tp_size ({L.tp_size}); "
+                "refusing rather than normalising so the declared layout is the one that runs",
                 f"set epSize: {L.tp_size}"))
         if L.moe_a2a_backend == "flashinfer" and not (L.enable_dp_attention and L.dp_size == L.tp_size):
             errors.append(SettingError(
@@ -183,8 +185,10 @@ def check_extra_args(args: list[str]) -> list[SettingError]:
         elif flag in AMBIGUOUS_FLAGS:
             errors.append(SettingError(where, f"{flag} is an ambiguous abbreviation (argparse refuses it)", f"use {AMBIGUOUS_FLAGS[flag]}"))
         elif flag in OWNED_FLAGS:
-            errors.append(SettingError(where, f"{flag} is written by gpu-serving from a setting; giving it twice would hide the declared value",
-                                       f"set {OWNED_FLAGS[flag]} instead" if not OWNED_FLAGS[flag].startswith("(") else OWNED_FLAGS[flag].strip("()")))
+            owner = OWNED_FLAGS[flag]
+            fix = owner.strip("()") if owner.startswith("(") else f"set {owner} instead"
+            errors.append(SettingError(where, f"{flag} is written by gpu-serving from a setting; "
+                                              "giving it twice would hide the declared value", fix))
         else:
             # SGLang's parser keeps argparse's allow_abbrev: a prefix of a flag gpu-serving writes
             # (--mem-fraction, --por) would be expanded to it and, coming last, win over the setting.

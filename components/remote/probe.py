@@ -118,7 +118,8 @@ def _info(out: str) -> tuple[str, dict, dict]:
 
 def server_info(t: ssh.Target, address: str, port: int) -> tuple[str, dict, dict]:
     """(probe used, server info, /v1/models) — /server_info, else the deprecated /get_server_info."""
-    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info", timeout=60, check=False, read=True)
+    out = ssh.run(t, ["sh", "-c", INFO_SCRIPT, "sh", address, str(port)], purpose="reading /server_info",
+                  timeout=60, check=False, read=True)
     return _info(out.stdout)
 
 

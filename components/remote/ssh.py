@@ -197,7 +197,8 @@ def _load_key(pem: str) -> paramiko.PKey:
         except Exception as exc:  # wrong type: try the next one
             errors.append(type(exc).__name__)
     # Never include the key text: it is the secret.
-    raise RemoteError("the SSH private key (gpu-serving:sshPrivateKey or host.privateKeyPath) could not be read as an ed25519, ECDSA or RSA key")
+    raise RemoteError("the SSH private key (gpu-serving:sshPrivateKey or host.privateKeyPath) could not be read "
+                      "as an ed25519, ECDSA or RSA key")
 
 
 def _fingerprint(key: paramiko.PKey) -> str:

@@ -3,7 +3,6 @@ systemd + sshd host, the rehearsal engine under real units. The steps run in ord
 one host, as a user's day would."""
 from __future__ import annotations
 
-import json
 
 import pytest
 from pulumi import automation as auto

@@ -160,7 +160,7 @@ def test_connection_killed_in_the_middle_of_a_write_leaves_the_old_file(serving,
     assert errors, "the write cannot have succeeded"
     # The file is the old one, byte for byte; what was half written is only a temp file.
     assert d.sh(f"sha256sum {path}").split()[0] == hashlib.sha256(old).hexdigest()
-    leftovers = d.sh(f"find /etc/gpu-serving-test -name '.payload.bin.gpu-serving-*' -printf '%p %s\\n'").split()
+    leftovers = d.sh("find /etc/gpu-serving-test -name '.payload.bin.gpu-serving-*' -printf '%p %s\\n'").split()
     assert len(leftovers) == 2 and 0 < int(leftovers[1]) < len(new), leftovers
     # The next write of that file removes a leftover once it is stale (no write in progress:
     # older than a minute; aged here rather than waited for).

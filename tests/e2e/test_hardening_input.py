@@ -117,7 +117,8 @@ class Batch:
 
     def during(self, runs: list[Run]) -> tuple[list[str], list[float]]:
         """Commands and logins whose time falls in one of these runs (with a margin)."""
-        inside = lambda t: any(r.started - 1 <= t <= r.ended + 1 for r in runs)
+        def inside(t: float) -> bool:
+            return any(r.started - 1 <= t <= r.ended + 1 for r in runs)
         return [c for t, c in self.commands if inside(t)], [t for t in self.logins if inside(t)]
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
 from pulumi import automation as auto
 
 from .conftest import FAST_ENV, FAST_READINESS

@@ -95,7 +95,7 @@ def test_hand_changed_layout_is_repaired_by_one_up(serving):
     assert (flag(argv, "--tp-size"), flag(argv, "--pp-size")) == ("4", "2")
     # Wait until it serves the hand-made layout, so the check sees a layout_mismatch.
     for _ in range(60):
-        if d.sh(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:30001/health_generate || true").strip() == "200":
+        if d.sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30001/health_generate || true").strip() == "200":
             break
         time.sleep(0.5)
     text = drift_text(d, "tp8")

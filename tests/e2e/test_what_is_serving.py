@@ -9,7 +9,6 @@ import json
 import subprocess
 
 import pytest
-from pulumi import automation as auto
 
 from tests.e2e.test_layout_files_and_failed_switches import no_changes
 from tests.e2e.test_running_server_drift import (ENV_FILE, TP8, UNIT_FILE, check_is_clean, drift_text, flag, main_pid,

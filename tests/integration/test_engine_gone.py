@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.pulumi_env import EngineMissing, engine_env, require_engine
-from tests.integration.test_engine import VENV, write_project
+from tests.integration.test_engine import write_project
 
 pytestmark = pytest.mark.engine
 

@@ -254,8 +254,8 @@ def mounts_count(path: str) -> int:
 
 def test_cli_up_status_ssh_down():
     name = f"pt{os.getpid()}-z"
-    run = lambda *a: subprocess.run(["python3", "-m", "rehearsal", *a], cwd=REPO,
-                                    capture_output=True, text=True, timeout=300)
+    def run(*a):
+        return subprocess.run(["python3", "-m", "rehearsal", *a], cwd=REPO, capture_output=True, text=True, timeout=300)
     try:
         up = run("up", name, "--json")
         assert up.returncode == 0, up.stderr

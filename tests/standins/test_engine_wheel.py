@@ -1,7 +1,6 @@
 """The rehearsal engine builds into a wheel offline, installs into a fresh venv, and serves EP8 from it."""
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -86,5 +85,6 @@ def test_pip_wheel_builds_the_same_package(tmp_path):
     (built,) = (tmp_path / "out").glob("*.whl")
     ours = build(tmp_path / "ours")
     assert built.name == ours.name
-    code = lambda w: sorted(n for n in zipfile.ZipFile(w).namelist() if n.endswith(".py"))
+    def code(wheel):
+        return sorted(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".py"))
     assert code(built) == code(ours)

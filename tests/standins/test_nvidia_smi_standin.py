@@ -35,7 +35,7 @@ def parse_table(text: str) -> list[dict]:
     """A parser of the kind components/core/facts.py needs; it must accept the capture and the stand-in."""
     lines = text.splitlines()
     assert TIMESTAMP.match(lines[0]), lines[0]
-    assert all(len(line) == 91 for line in lines[1:] if line), [l for l in lines[1:] if l and len(l) != 91]
+    assert all(len(line) == 91 for line in lines[1:] if line), [ln for ln in lines[1:] if ln and len(ln) != 91]
     header = HEADER.match(lines[2])
     assert header
     gpus = []
@@ -173,7 +173,8 @@ def test_topology_rtx_is_pcie_only():
 def test_xml_is_the_capture():
     out = smi("h200-1", "-q", "-x").stdout
     real = (CAPTURE / "nvidia-smi-q.xml").read_text()
-    strip = lambda s: [l for l in s.splitlines() if "<timestamp>" not in l]
+    def strip(s):
+        return [ln for ln in s.splitlines() if "<timestamp>" not in ln]
     assert strip(out) == strip(real)
 
 
