@@ -101,9 +101,11 @@ def check_strategy(settings: StackSettings) -> list[SettingError]:
                 f"set dpSize: {L.tp_size} for attention data-parallel on every GPU, or enableDpAttention: false"))
         elif L.tp_size % L.dp_size != 0:
             ok = [d for d in _divisors(L.tp_size) if d > 1]
+            # At tpSize 1 no dpSize > 1 divides it: DP attention splits the TP group, so it needs one.
+            fix = (f"use dpSize one of {ok}" if ok else
+                   f"DP attention splits the TP group: set tpSize: {L.dp_size} (or a multiple), or enableDpAttention: false")
             errors.append(SettingError(
-                f"{S}.dpSize", f"with DP attention dpSize must divide tpSize ({L.tp_size} % {L.dp_size} != 0)",
-                f"use dpSize one of {ok}"))
+                f"{S}.dpSize", f"with DP attention dpSize must divide tpSize ({L.tp_size} % {L.dp_size} != 0)", fix))
 
     if L.world_size != gpus:
         formula = (f"tp {L.tp_size} x pp {L.pp_size}" if L.enable_dp_attention
