@@ -149,6 +149,9 @@ def test_the_advise_command(tmp_path, capsys):
     assert re.search(r"^  tp1-ep8 .*gpu-serving:strategy: world size dp 1 x tp 1 x pp 1 = 1 must equal host.gpuCount 8", out, re.M)
     assert re.search(r"^  tp8-ep8 .*\(stack ep8\)$", out, re.M)
     assert "  the project's stacks: pp8 37.3, tp8 27.7, ep8 26.0\n" in out
+    # The seed's choice: PP8 first of the measured layouts at one request, TP8 at 32.
+    assert "  best of the project's stacks at C=1: pp8 (estimate 37 tok/s)\n" in out
+    assert "  best of the project's stacks at C=32: tp8 (estimate 737 tok/s)\n" in out
     assert "  best at C=32: tp8 (estimate 737 tok/s" in out
     assert main(["advise", "--stack", "ep8", "--project-dir", str(ROOT), "--results", str(tmp_path), "--json",
                  "--concurrency", "1"]) == 0

@@ -679,6 +679,10 @@ def render(a: Advice, top: int = 8) -> str:
         if mine:
             lines.append("  the project's stacks: " + ", ".join(
                 f"{'/'.join(c.stacks)} {e.tok_s:.1f}" for e, c in mine))
+            # The choice the operator is making today is between the stacks they have written;
+            # the overall best below may be a layout nobody deployed yet (a prediction to check).
+            lines.append(f"  best of the project's stacks at C={conc}: {'/'.join(mine[0][1].stacks)} "
+                         f"({ESTIMATE} {mine[0][0].tok_s:.0f} tok/s)")
         if len(ests) > 1:
             first, second = ests[0], ests[1]
             lines.append(f"  best at C={conc}: {first.name} ({ESTIMATE} {first.tok_s:.0f} tok/s, "
