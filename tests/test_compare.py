@@ -253,3 +253,42 @@ def test_other_commands_never_load_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip() == "[]"
+
+
+def test_a_run_as_components_bench_writes_it_reads_back(tmp_path):
+    """The writer (components/core/bench.py: meta.json + c<C>.jsonl) and this reader agree: the
+    real client's output of tests/data/bench/ stored as `bench` stores it, meta.json from `meta()`."""
+    from datetime import datetime, timezone
+
+    from components.core import bench as B
+    from components.core.config import parse_settings
+
+    lines = (Path(__file__).parent / "data" / "bench" / "sglang-0.5.9-rehearsal-tp8-c1-c32.jsonl").read_text().splitlines()
+    settings = parse_settings("tp8", {"model": {"profile": "kimi-k2.6"}, "host": {"rehearsal": "x"},
+                                      "strategy": {"tpSize": 8}, "benchmark": {"concurrency": [1, 32]}})
+    started = datetime(2026, 12, 1, 3, 0, 0, tzinfo=timezone.utc)
+    run = tmp_path / "bench" / "tp8" / B.run_name(started)
+    run.mkdir(parents=True)
+    records = [json.loads(line) for line in lines]
+    for line, record in zip(lines, records):
+        (run / f"c{record['max_concurrency']}.jsonl").write_text(line + "\n")
+    layout = {"tp_size": 8, "pp_size": 1, "ep_size": 8, "dp_size": 1, "enable_dp_attention": False,
+              "model_path": "/srv/models/kimi-k2.6", "served_model_name": "kimi-k2.6", "port": 30000}
+    doc = B.meta(stack="tp8", strategy=settings.strategy_name, layout=layout | {"describe": "tp 8, pp 1, ep 8, dp 1"},
+                 host="10.213.4.2", model={"name": settings.model.name, "path": settings.model.path},
+                 sglang_version="0.5.9", client_module="sglang.bench_serving", server_version="0.0.1+rehearsal",
+                 rehearsal=True, started=started, finished=started, settings=settings.benchmark,
+                 levels=[B.summarize(r) for r in records])
+    (run / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+    [got] = load_runs(tmp_path / "bench", "tp8")
+    assert (got.strategy, got.layout, got.model, got.host) == ("TP8", "tp 8, pp 1, ep 8, dp 1", settings.model.name,
+                                                               "10.213.4.2")
+    assert (got.sglang_version, got.rehearsal, got.date, got.notes) == ("0.5.9", True, "2026-12-01", ())
+    assert sorted(got.levels) == [1, 32]
+    for record in records:
+        level = got.levels[record["max_concurrency"]]
+        assert (level.output_throughput, level.median_ttft_ms) == (record["output_throughput"], record["median_ttft_ms"])
+    c = compare.load(tmp_path / "bench", ["tp8"])
+    assert c.series[0].label() == "TP8 on 10.213.4.2, SGLang 0.5.9, 2026-12-01 (rehearsal)"
+    assert c.title() == f"{settings.model.name}: SGLang serving benchmark"
