@@ -6,6 +6,9 @@ tests/data/compare/<case>/results/bench/<stack>/<UTC time>/, as `components benc
   has C=16), PP8's C=1 file holds two appended runs (the last line wins).
 - rehearsal: the rehearsal engine (version 0.0.1+rehearsal); EP8 has only C=32 and its
   meta.json lacks the rehearsal flag.
+- bench-rehearsal: a real run of tests/e2e/test_bench.py (`components bench` with the real
+  SGLang 0.5.9 client against the rehearsal engine, files as bench wrote them); the README's
+  picture, docs/img/compare-rehearsal.png, is drawn from it.
 Each case's expected.txt is the golden table.
 """
 from __future__ import annotations
@@ -62,7 +65,7 @@ def test_newest_run_wins_per_level_and_an_older_level_stays():
     assert c.concurrencies == [1, 16, 32, 64]
 
 
-@pytest.mark.parametrize("case, stacks", [("seed", "tp8,pp8,ep8"), ("rehearsal", None)])
+@pytest.mark.parametrize("case, stacks", [("seed", "tp8,pp8,ep8"), ("rehearsal", None), ("bench-rehearsal", "tp8,pp8")])
 def test_golden_table(case, stacks, monkeypatch):
     monkeypatch.chdir(DATA / case)  # the messages name the results folder as given
     c = compare.load(Path("results/bench"), stacks.split(",") if stacks else None)
