@@ -8,6 +8,7 @@ from typing import Optional
 import pulumi
 from pulumi.runtime import config as runtime_config
 
+from .benchmark import benchmark_after_ready
 from .core.config import StackSettings
 from .core.errors import ConfigError
 from .core.plan import ServingPlan, check_stack
@@ -21,10 +22,11 @@ from .venv import PythonVenv
 
 
 def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
-                secret_env: Optional[pulumi.Output]) -> dict:
-    """One machine: its facts, CUDA, venv, the strategy's unit and the readiness verdict.
-    `name` is "" for the one-host form (the resource names stay what they always were) or the
-    fleet entry's name, which prefixes every resource of that host."""
+                secret_env: Optional[pulumi.Output], benchmark: bool = False) -> dict:
+    """One machine: its facts, CUDA, venv, the strategy's unit and the readiness verdict, and
+    with `benchmark` SGLang's benchmark after it. `name` is "" for the one-host form (the
+    resource names stay what they always were) or the fleet entry's name, which prefixes every
+    resource of that host."""
     settings: StackSettings = plan.settings
     prefix = f"{name}-" if name else ""
     host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(plan), entry=name),
@@ -36,8 +38,11 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
     unit = ServingUnit(f"{prefix}{settings.strategy_name}", plan, host, secret_env,
                        pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix)
     ready = ReadinessCheck(f"{prefix}readiness", plan, host, unit, prefix=prefix)
-    return {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": plan.memory.as_dict(),
-            "host": host.facts, "readiness": ready.report}
+    out = {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": plan.memory.as_dict(),
+           "host": host.facts, "readiness": ready.report}
+    if benchmark:
+        out["benchmark"] = benchmark_after_ready(name, plan, host, unit, ready, Path(os.getcwd())).summary
+    return out
 
 
 def engine_config() -> RawConfig:
@@ -67,15 +72,20 @@ def run() -> None:
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None
     private_key = cfg.get_secret("sshPrivateKey")
     # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
-    outputs = {name: deploy_host(name, plan, private_key, secret_env) for name, plan in plans}
+    # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
+    outputs = {name: deploy_host(name, plan, private_key, secret_env,
+                                 benchmark=settings.benchmark.on_deploy and i == 0) for i, (name, plan) in enumerate(plans)}
 
     first = plans[0][1]
     pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
                                "layout": first.as_dict()["layout"]})
     pulumi.export("unit", first.unit.name)
+    if settings.benchmark.on_deploy:
+        pulumi.export("benchmark", outputs[plans[0][0]]["benchmark"])
     if not settings.hosts:
         for key, value in outputs[""].items():
-            pulumi.export(key, value)
+            if key != "benchmark":
+                pulumi.export(key, value)
         return
     # A fleet: the same outputs, each a map by host name.
     for key in ("endpoint", "memory", "host", "readiness"):

@@ -14,6 +14,7 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from .core.readiness import AS_DECLARED
+from .remote import bench as remote_bench
 from .remote import providers
 
 
@@ -71,3 +72,11 @@ class Readiness(Resource, module=MODULE, name="Readiness"):
         outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "checked_by", "layout",
                                   "model", "served_model_name", "version", "mismatches", "reason")}
         super().__init__(providers.ReadinessProvider(), name, {**props, **outs}, dynamic_options(opts, ["connection"]))
+
+
+class Benchmark(Resource, module=MODULE, name="Benchmark"):
+    """`benchmark.onDeploy`: SGLang's serving benchmark after readiness (remote/bench.py)."""
+    summary: pulumi.Output[dict]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(remote_bench.BenchmarkProvider(), name, {**props, "summary": None}, dynamic_options(opts, ["connection"]))

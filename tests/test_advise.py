@@ -159,3 +159,13 @@ def test_the_advise_command(tmp_path, capsys):
     assert doc["label"] == "estimate" and list(doc["ranking"]) == ["1"]
     assert main(["advise", "--stack", "ep8", "--project-dir", str(ROOT), "--concurrency", "0,x"]) == 2
     assert "--concurrency" in capsys.readouterr().err
+
+
+def test_results_as_components_bench_stores_them_are_read_and_known_as_rehearsal():
+    """A real run of `components bench` on the rehearsal host (the README picture's files): the
+    client's lines carry the rehearsal engine's version only inside server_info."""
+    folder = Path(__file__).parent / "data" / "compare" / "bench-rehearsal" / "results" / "bench"
+    measured, notes = A.read_results(folder, {"tp8": TP8, "pp8": PP8})
+    assert notes == []
+    assert [(m.stack, m.concurrency) for m in measured] == [("pp8", 1), ("pp8", 32), ("tp8", 1), ("tp8", 32)]
+    assert all(m.rehearsal and m.output_throughput > 0 for m in measured)

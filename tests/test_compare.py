@@ -6,6 +6,9 @@ tests/data/compare/<case>/results/bench/<stack>/<UTC time>/, as `components benc
   has C=16), PP8's C=1 file holds two appended runs (the last line wins).
 - rehearsal: the rehearsal engine (version 0.0.1+rehearsal); EP8 has only C=32 and its
   meta.json lacks the rehearsal flag.
+- bench-rehearsal: a real run of tests/e2e/test_bench.py (`components bench` with the real
+  SGLang 0.5.9 client against the rehearsal engine, files as bench wrote them); the README's
+  picture, docs/img/compare-rehearsal.png, is drawn from it.
 Each case's expected.txt is the golden table.
 """
 from __future__ import annotations
@@ -62,7 +65,7 @@ def test_newest_run_wins_per_level_and_an_older_level_stays():
     assert c.concurrencies == [1, 16, 32, 64]
 
 
-@pytest.mark.parametrize("case, stacks", [("seed", "tp8,pp8,ep8"), ("rehearsal", None)])
+@pytest.mark.parametrize("case, stacks", [("seed", "tp8,pp8,ep8"), ("rehearsal", None), ("bench-rehearsal", "tp8,pp8")])
 def test_golden_table(case, stacks, monkeypatch):
     monkeypatch.chdir(DATA / case)  # the messages name the results folder as given
     c = compare.load(Path("results/bench"), stacks.split(",") if stacks else None)
@@ -253,3 +256,42 @@ def test_other_commands_never_load_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout
     assert out.strip() == "[]"
+
+
+def test_a_run_as_components_bench_writes_it_reads_back(tmp_path):
+    """The writer (components/core/bench.py: meta.json + c<C>.jsonl) and this reader agree: the
+    real client's output of tests/data/bench/ stored as `bench` stores it, meta.json from `meta()`."""
+    from datetime import datetime, timezone
+
+    from components.core import bench as B
+    from components.core.config import parse_settings
+
+    lines = (Path(__file__).parent / "data" / "bench" / "sglang-0.5.9-rehearsal-tp8-c1-c32.jsonl").read_text().splitlines()
+    settings = parse_settings("tp8", {"model": {"profile": "kimi-k2.6"}, "host": {"rehearsal": "x"},
+                                      "strategy": {"tpSize": 8}, "benchmark": {"concurrency": [1, 32]}})
+    started = datetime(2026, 12, 1, 3, 0, 0, tzinfo=timezone.utc)
+    run = tmp_path / "bench" / "tp8" / B.run_name(started)
+    run.mkdir(parents=True)
+    records = [json.loads(line) for line in lines]
+    for line, record in zip(lines, records):
+        (run / f"c{record['max_concurrency']}.jsonl").write_text(line + "\n")
+    layout = {"tp_size": 8, "pp_size": 1, "ep_size": 8, "dp_size": 1, "enable_dp_attention": False,
+              "model_path": "/srv/models/kimi-k2.6", "served_model_name": "kimi-k2.6", "port": 30000}
+    doc = B.meta(stack="tp8", strategy=settings.strategy_name, layout=layout | {"describe": "tp 8, pp 1, ep 8, dp 1"},
+                 host="10.213.4.2", model={"name": settings.model.name, "path": settings.model.path},
+                 sglang_version="0.5.9", client_module="sglang.bench_serving", server_version="0.0.1+rehearsal",
+                 rehearsal=True, started=started, finished=started, settings=settings.benchmark,
+                 levels=[B.summarize(r) for r in records])
+    (run / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
+
+    [got] = load_runs(tmp_path / "bench", "tp8")
+    assert (got.strategy, got.layout, got.model, got.host) == ("TP8", "tp 8, pp 1, ep 8, dp 1", settings.model.name,
+                                                               "10.213.4.2")
+    assert (got.sglang_version, got.rehearsal, got.date, got.notes) == ("0.5.9", True, "2026-12-01", ())
+    assert sorted(got.levels) == [1, 32]
+    for record in records:
+        level = got.levels[record["max_concurrency"]]
+        assert (level.output_throughput, level.median_ttft_ms) == (record["output_throughput"], record["median_ttft_ms"])
+    c = compare.load(tmp_path / "bench", ["tp8"])
+    assert c.series[0].label() == "TP8 on 10.213.4.2, SGLang 0.5.9, 2026-12-01 (rehearsal)"
+    assert c.title() == f"{settings.model.name}: SGLang serving benchmark"

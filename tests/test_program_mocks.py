@@ -158,6 +158,51 @@ def test_every_dynamic_resource_class_names_its_token():
 
     classes = [c for c in Resource.__subclasses__() if c.__module__.startswith("components.")]
     tokens = {f"pulumi-python:{c._resource_type_name}": c.__qualname__ for c in classes}
-    assert len(classes) == 6, classes
-    assert len(tokens) == 6 and PREVIOUS_TYPE not in tokens, tokens
+    assert len(classes) == 7, classes
+    assert len(tokens) == 7 and PREVIOUS_TYPE not in tokens, tokens
     assert all(t.startswith(DYNAMIC) for t in tokens), tokens
+
+
+def test_benchmark_on_deploy_registers_one_benchmark_after_readiness(monkeypatch):
+    """benchmark.onDeploy: one Benchmark resource (its own token), after the readiness resource,
+    given the stack's benchmark spec, the unit's hash and the readiness verdict; the stack
+    output `benchmark` is its summary. Off (the default): none, and no output."""
+    monkeypatch.chdir(ROOT)
+    registered = []
+    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
+
+    def recording(self, request):
+        registered.append((request.type, request.name, list(request.dependencies)))
+        return original(self, request)
+
+    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    config = stack_config("pp8")
+    bench = {**json.loads(config["gpu-serving:benchmark"]), "onDeploy": True, "concurrency": [1, 4]}
+    config["gpu-serving:benchmark"] = json.dumps(bench)
+    rec = run_program("pp8", config)
+    by_name = {n: (t, inputs) for t, n, inputs in rec.resources}
+    typ, props = by_name["benchmark"]
+    assert typ == DYNAMIC + "Benchmark"
+    plan = plan_stack(ROOT, "pp8")
+    assert props["unit"] == plan.unit.name and props["stack"] == "pp8" and props["declared"]["pp_size"] == 8
+    assert props["benchmark"]["concurrency"] == [1, 4] and props["benchmark"]["onDeploy"] is True
+    assert props["python"].endswith("/bin/python") and props["model"]["path"] == plan.settings.model.path
+    assert props["rehearsalHost"] is True and props["projectDir"] == str(ROOT) and props["resultsDir"] == "results/bench"
+    assert len(props["unitConfig"]) == 64
+    # After the readiness check: its verdict gates the run.
+    deps = next(d for t, n, d in registered if n == "benchmark")
+    assert ("urn:pulumi:pp8::gpu-serving::gpu-serving:index:ReadinessCheck$pulumi-python:dynamic/gpu-serving:Readiness"
+            "::readiness") in deps, deps
+
+    off = run_program("pp8", stack_config("pp8"))
+    assert "benchmark" not in {n for _, n, _ in off.resources}
+
+
+def test_benchmark_on_deploy_in_a_fleet_measures_the_first_host(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = stack_config("ep8")
+    config["gpu-serving:hosts"] = json.dumps(FLEET)
+    config["gpu-serving:benchmark"] = json.dumps({**json.loads(config["gpu-serving:benchmark"]), "onDeploy": True})
+    rec = run_program("ep8", config)
+    benches = {n: inputs for t, n, inputs in rec.resources if t == DYNAMIC + "Benchmark"}
+    assert list(benches) == ["gpu1-benchmark"] and benches["gpu1-benchmark"]["hostEntry"] == "gpu1"

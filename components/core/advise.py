@@ -598,8 +598,12 @@ def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[M
                     continue
                 if conc <= 0 or tput <= 0:
                     continue
+                # SGLang's client records the server's own version in server_info: the rehearsal
+                # engine's says so even where nothing else in the line does.
+                info = doc.get("server_info") if isinstance(doc.get("server_info"), dict) else {}
                 rehearsal = any("rehearsal" in str(doc.get(k, "")).lower()
-                                for k in ("version", "sglang_version", "backend", "engine", "note")) or doc.get("rehearsal") is True
+                                for k in ("version", "sglang_version", "backend", "engine", "note")) \
+                    or doc.get("rehearsal") is True or "rehearsal" in str(info.get("version", "")).lower()
                 key = (stack_dir.name, conc)
                 stamp = str(f.relative_to(stack_dir))
                 if key not in found or stamp > found[key][0]:

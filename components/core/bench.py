@@ -201,3 +201,61 @@ def parse_requirements(text: str) -> list[str]:
     if not any(s.lower().startswith("sglang==") for s in specs):
         raise BenchError("the client requirements pin no sglang==VERSION")
     return specs
+
+
+# ------------------------------------------------------------------ one host's benchmark, as data
+# What a benchmark of one stack on one host needs to know, as plain data: built from the plan by
+# `components bench` and by the program (the `Benchmark` resource's props, `benchmark.onDeploy`).
+
+
+def host_spec(*, stack: str, settings, plan, entry: str, declared: dict) -> dict[str, Any]:
+    """The benchmark's view of one host of a stack (`settings`: that host's StackSettings,
+    `plan`: its ServingPlan, `entry`: the fleet entry's name or "")."""
+    target = settings.host.target
+    return {
+        "stack": stack, "strategy": settings.strategy_name, "unit": plan.unit.name, "declared": declared,
+        "describe": plan.layout.describe(), "target": target, "hostLabel": target + (f" ({entry})" if entry else ""),
+        "model": {"name": settings.model.name, "path": settings.model.path},
+        "python": f"{settings.venv.path}/bin/python", "bind": settings.serving.host, "port": settings.serving.port,
+        "benchmark": settings.benchmark.model_dump(by_alias=True), "rehearsalHost": settings.host.is_rehearsal,
+    }
+
+
+def settings_of(spec: dict) -> BenchmarkSettings:
+    return BenchmarkSettings.model_validate(spec["benchmark"])
+
+
+# The figures of each level the stack output `benchmark` carries (a level summary's keys).
+OUTPUT_LATENCIES = tuple(f"{m}_ms" for m in LATENCIES)
+
+
+def deploy_summary(doc: dict, results: str) -> dict[str, Any]:
+    """The stack output `benchmark` of a run (`doc`: its meta.json; `results`: its folder, as
+    the operator finds it): per concurrency, output tok/s and TTFT/ITL/TPOT/e2e mean, median
+    and p99, with the rehearsal flag and the SGLang version beside every figure."""
+    levels = {}
+    for level in doc.get("levels") or []:
+        c = level.get("concurrency")
+        levels[str(c)] = {"output_throughput": level.get("output_throughput"),
+                          "request_throughput": level.get("request_throughput"), "completed": level.get("completed"),
+                          **{k: level.get(k) for k in OUTPUT_LATENCIES}}
+    return {"status": "done", "rehearsal": bool(doc.get("rehearsal")), "note": doc.get("note"),
+            "sglang_version": doc.get("sglang_version"), "server_version": doc.get("server_version"),
+            "client": (doc.get("client") or {}).get("module"), "layout": (doc.get("layout") or {}).get("describe"),
+            "time": doc.get("time"), "results": results, "levels": levels}
+
+
+def failed_summary(reason: str, *, rehearsal: bool, results: Optional[str] = None) -> dict[str, Any]:
+    """The stack output `benchmark` when the benchmark did not run or stopped: the server stays
+    deployed (a benchmark is a measurement of it, not a condition of it)."""
+    return {"status": "failed", "reason": reason, "rehearsal": rehearsal, "results": results, "levels": {},
+            "note": "the server is deployed and ready; `python -m components bench` runs the benchmark again"}
+
+
+def readiness_refusal(status: Optional[str], mismatches) -> Optional[str]:
+    """Why `pulumi up` must not benchmark after readiness (the readiness resource's outputs), or None."""
+    if status != "ready":
+        return f"readiness is {status!r}, not 'ready': no benchmark against a server that is not ready"
+    if mismatches:
+        return f"the server does not run the declared layout ({mismatches}): no benchmark"
+    return None

@@ -184,17 +184,24 @@ def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run
     # "rehearsal" even when meta.json is missing or wrong.
     rehearsal = bool(meta.get("rehearsal")) or "rehearsal" in version or "rehearsal" in str(info.get("version", ""))
     strategy = meta.get("strategy")
-    if not isinstance(strategy, str) or not strategy:
-        strategy = stack.upper()
+    # `components bench` records the stack's strategy name as the operator spelled it (tp8);
+    # a comparison names strategies as the field writes them (TP8).
+    strategy = (strategy if isinstance(strategy, str) and strategy else stack).upper()
     layout = meta.get("layout")
     if isinstance(layout, dict):
-        layout = ", ".join(f"{k} {v}" for k, v in layout.items())
+        # `components bench` writes the declared layout (the readiness comparison's fields) with
+        # its one-line description beside them: the description is what a reader wants.
+        layout = layout.get("describe") or ", ".join(f"{k.removesuffix('_size')} {layout[k]}"
+                                                    for k in ("tp_size", "pp_size", "ep_size", "dp_size") if k in layout)
+    model = meta.get("model")
+    if isinstance(model, dict):  # {"name": ..., "path": ...} as `components bench` writes it
+        model = model.get("name") or model.get("path")
     if not layout and info:
         layout = ", ".join(f"{k.removesuffix('_size')} {info[k]}" for k in ("tp_size", "pp_size", "ep_size", "dp_size")
                            if k in info)
     return Run(stack=stack, folder=folder, time=_parse_time(meta.get("time")) or _parse_time(folder),
                strategy=strategy, layout=str(layout or ""), host=str(meta.get("host") or "unknown host"),
-               model=str(meta.get("model") or info.get("served_model_name") or info.get("model_path") or "unknown model"),
+               model=str(model or info.get("served_model_name") or info.get("model_path") or "unknown model"),
                sglang_version=version, rehearsal=rehearsal, levels=dict(sorted(by_level.items())), notes=tuple(notes))
 
 

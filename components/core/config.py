@@ -636,6 +636,19 @@ class BenchmarkSettings(Settings):
     # Run after readiness in `pulumi up` (stack output `benchmark`): off, a real run takes minutes.
     on_deploy: bool = False
 
+    @field_validator("on_deploy", mode="before")
+    @classmethod
+    def _yes_or_no(cls, v):
+        # Only true or false (the strings too: `pulumi config set --path` may store one): a
+        # "yes", 1 or "sometimes" is a guess at what was meant, and a wrong guess runs minutes of load.
+        if isinstance(v, bool):
+            return v
+        if isinstance(v, str) and v.strip().lower() in ("true", "false"):
+            return v.strip().lower() == "true"
+        raise ValueError(f"{v!r} is not true or false: onDeploy: true runs the benchmark in `pulumi up` after "
+                         "readiness (stack output `benchmark`), onDeploy: false (the default) leaves it to "
+                         "`python -m components bench`")
+
     @field_validator("concurrency", mode="before")
     @classmethod
     def _numbers(cls, v):

@@ -2,6 +2,9 @@
 SSH against the stack's serving server, after the same readiness read `status` makes (a server
 that is not `ready` in the declared layout is never benchmarked). The pure parts and the result
 layout are in components/core/bench.py.
+
+`BenchmarkProvider` runs the same benchmark inside `pulumi up` (`benchmark.onDeploy: true`),
+after the readiness resource, and keeps its summary as the stack output `benchmark`.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+
 from ..core import bench as B
 from ..core import reads
 from ..core import status as S
@@ -22,8 +27,11 @@ from ..core.errors import ConfigError
 from ..core.plan import check_stack, declared_layout
 from ..core.stack_config import from_files
 from ..core.venv import distribution_of, normalize
-from . import ssh
+from . import identity, ssh
 from . import status as remote_status
+from .common import changed as _changed
+from .common import progress as _progress
+from .common import require_target as _require_target
 from .installers import sync_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,37 +121,43 @@ def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = p
     """Benchmark the stack's serving server on its (first) host; returns (result dir, meta)."""
     checked = check_stack(stack, from_files(project_dir, stack), project_dir)
     (entry, plan), (_, settings) = checked.plans[0], checked.settings.per_host()[0]
-    bench = settings.benchmark
     try:
         conn = remote_status.connection(settings, stack, project_dir, checked)
     except remote_status.StatusError as exc:
         raise B.BenchError(str(exc)) from None
-    t = ssh.Target.from_props({"connection": conn})
-    target = settings.host.target
+    spec = B.host_spec(stack=stack, settings=settings, plan=plan, entry=entry, declared=declared_layout(plan))
+    return run_on_host(ssh.Target.from_props({"connection": conn}), spec, results_root or project_dir / B.RESULTS_DIR,
+                       progress)
+
+
+def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callable[[str], None]) -> tuple[Path, dict]:
+    """The benchmark of one host (`spec`: core.bench.host_spec), its files kept under
+    results_root/<stack>/<UTC time>/; returns (that folder, its meta.json)."""
+    bench = B.settings_of(spec)
+    stack, unit, target = spec["stack"], spec["unit"], spec["target"]
 
     # Readiness first, read as `status` reads it: the stack's own unit must serve, ready, in the
     # declared layout.
     host = S.parse_serving(ssh.fetch(t, reads.serving()).stdout)
     serving = host.serving[0] if host.serving else None
-    ours = serving is not None and serving.name == plan.unit.name
-    report = remote_status._readiness(t, serving, declared_layout(plan)) if ours else None
-    why = B.refusal(stack, plan.unit.name, target, (serving.name, serving.stack) if serving else None, report)
+    ours = serving is not None and serving.name == unit
+    report = remote_status._readiness(t, serving, spec["declared"]) if ours else None
+    why = B.refusal(stack, unit, target, (serving.name, serving.stack) if serving else None, report)
     if why:
         raise B.BenchError(why)
 
-    python = f"{settings.venv.path}/bin/python"
+    python = spec["python"]
     if bench.client == "rehearsal":
         install_rehearsal_client(t, python, progress)
     found = probe_client(t, python, bench.client)
-    port = int(serving.layout.get("port", settings.serving.port)) if str(serving.layout.get("port", "")).isdigit() \
-        else settings.serving.port
-    address = reads.probe_address(str(serving.layout.get("host", settings.serving.host)))
+    port = int(serving.layout["port"]) if str(serving.layout.get("port", "")).isdigit() else int(spec["port"])
+    address = reads.probe_address(str(serving.layout.get("host", spec["bind"])))
 
     started = datetime.now(timezone.utc)
-    out_dir = (results_root or project_dir / B.RESULTS_DIR) / stack / B.run_name(started)
+    out_dir = results_root / stack / B.run_name(started)
     remote_dir = f"{B.REMOTE_RUN_DIR}/{stack}-{B.run_name(started)}"
     levels = list(bench.concurrency)
-    progress(f"bench {stack}: {plan.layout.describe()} on {target}, {found['module']} {found['version']} "
+    progress(f"bench {stack}: {spec['describe']} on {target}, {found['module']} {found['version']} "
              f"({'rehearsal client' if bench.client == 'rehearsal' else 'the venv'}), levels {levels}, "
              f"random-ids {bench.input_len} in / {bench.output_len} out")
     ssh.run(t, ["mkdir", "-p", "--", remote_dir], purpose="creating the benchmark directory", timeout=60)
@@ -153,7 +167,7 @@ def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = p
         for i, c in enumerate(levels, 1):
             remote_file = f"{remote_dir}/c{c}.jsonl"
             argv = B.level_argv(python=python, module=found["module"], client=bench.client, address=address, port=port,
-                                model_path=settings.model.path, served_name=None, settings=bench, concurrency=c,
+                                model_path=spec["model"]["path"], served_name=None, settings=bench, concurrency=c,
                                 output_file=remote_file)
             progress(f"  level {i}/{len(levels)}: concurrency {c}, {B.prompts(bench, c)} prompts ...")
             t0 = time.monotonic()
@@ -170,10 +184,9 @@ def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = p
     finally:
         ssh.run(t, ["rm", "-rf", "--", remote_dir], purpose="removing the benchmark directory", timeout=60, check=False)
     server_version = report.get("version") or (summaries[0].get("server_version") if summaries else None)
-    rehearsal = B.is_rehearsal(server_version, settings.host.is_rehearsal)
-    doc = B.meta(stack=stack, strategy=settings.strategy_name, layout=declared_layout(plan) | {"describe": plan.layout.describe()},
-                 host=target + (f" ({entry})" if entry else ""),
-                 model={"name": settings.model.name, "path": settings.model.path}, sglang_version=found["version"],
+    rehearsal = B.is_rehearsal(server_version, bool(spec["rehearsalHost"]))
+    doc = B.meta(stack=stack, strategy=spec["strategy"], layout=spec["declared"] | {"describe": spec["describe"]},
+                 host=spec["hostLabel"], model=spec["model"], sglang_version=found["version"],
                  client_module=found["module"], server_version=server_version, rehearsal=rehearsal, started=started,
                  finished=datetime.now(timezone.utc), settings=bench, levels=summaries)
     (out_dir / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -189,3 +202,69 @@ def bench_command(project_dir: Path, stack: str) -> int:
         return 2
     print(f"results: {out_dir}" + (" (REHEARSAL: performance model, not a GPU measurement)" if doc["rehearsal"] else ""))
     return 0
+
+
+# ---------------------------------------------------------------------------------------
+# The Benchmark resource's inputs that say which server it measured: a change of any of them
+# (the unit or its layout, a start of the server by this program, the benchmark's own settings,
+# the host) is a new measurement. Not compared: where the results go on this machine, and the
+# readiness outputs (re-read on every refresh; they gate a run, they do not ask for one).
+BENCHMARK_TRIGGERS = ["unit", "unitConfig", "started", "declared", "benchmark", "connection"]
+
+
+@identity.guarded
+class BenchmarkProvider(ResourceProvider):
+    """`benchmark.onDeploy`: SGLang's serving benchmark after readiness, in `pulumi up` (never
+    in a preview: the engine calls no create or update there). Its output `summary` is the stack
+    output `benchmark`. A benchmark that fails (or may not run) is recorded in the summary and
+    said in the log; it never fails the update, so a ready server is never rolled back for it.
+    A refresh reads nothing: a summary is a record of a run, not a state of the host.
+
+    props: connection, the host's benchmark spec (core.bench.host_spec: stack, unit, declared,
+    benchmark, ...), unitConfig (the unit's rendered files, hashed), started (when this program
+    last started the server: the service's readiness check), readinessStatus and mismatches
+    (the readiness resource's verdict), projectDir and resultsDir (this machine's folders)."""
+
+    def _run(self, props: dict) -> dict:
+        who = f"hosts[{props['hostEntry']}]: " if props.get("hostEntry") else ""
+        rehearsal = bool(props.get("rehearsalHost"))
+        why = B.readiness_refusal(props.get("readinessStatus"), props.get("mismatches"))
+        if why:
+            _progress(f"{who}warning: benchmark not run: {why}")
+            return B.failed_summary(why, rehearsal=rehearsal)
+        project = Path(props["projectDir"])
+        root = project / props.get("resultsDir", B.RESULTS_DIR)
+        _progress(f"{who}benchmark (benchmark.onDeploy): SGLang's serving benchmark against {props['unit']}")
+        try:
+            out_dir, doc = run_on_host(_require_target(props), props, root, lambda m: _progress(who + m))
+        except Exception as exc:  # noqa: BLE001 - any failure of a measurement leaves the server as it is
+            key = (props.get("connection") or {}).get("privateKey") or ""
+            secrets = [key, key.strip()]
+            reason = ssh.redact(f"{type(exc).__name__}: {exc}" if not isinstance(exc, (B.BenchError, ssh.RemoteError))
+                                else str(exc), secrets)
+            _progress(f"{who}warning: the benchmark failed; {props['unit']} stays deployed and ready: {reason}")
+            return B.failed_summary(reason, rehearsal=rehearsal)
+        folder = os.path.relpath(out_dir, project) if out_dir.is_relative_to(project) else str(out_dir)
+        summary = B.deploy_summary(doc, folder)
+        _progress(f"{who}benchmark: results in {folder}" +
+                  (" (REHEARSAL: performance model, not a GPU measurement)" if summary["rehearsal"] else ""))
+        return summary
+
+    def create(self, props):
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:benchmark",
+                            outs={**props, "summary": self._run(props)})
+
+    def update(self, id, olds, news):
+        return UpdateResult(outs={**news, "summary": self._run(news)})
+
+    def diff(self, id, olds, news):
+        changed = _changed(olds, news, BENCHMARK_TRIGGERS)
+        if (olds.get("summary") or {}).get("status") != "done":
+            changed.append("summary")  # the last one failed or never ran: the next `up` tries again
+        return DiffResult(changes=bool(changed), replaces=[], stables=[])
+
+    def read(self, id, props):
+        return ReadResult(id_=id, outs=props)
+
+    def delete(self, id, props):
+        pass  # the results stay in the results folder: they are the operator's record

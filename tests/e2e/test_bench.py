@@ -7,7 +7,12 @@ serve (or is not ready) is refused before any benchmark runs."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import struct
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
@@ -19,10 +24,15 @@ pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 BENCH = {"concurrency": [1, 32], "inputLen": 64, "outputLen": 16, "client": "rehearsal", "seed": 3}
 
 
-def bench(d, stack: str) -> subprocess.CompletedProcess:
+def components(d, *args: str) -> subprocess.CompletedProcess:
+    """`python -m components ARGS` from the project folder, as an operator runs it."""
     env = {**d.env, "PATH": f"{REPO / '.venv' / 'bin'}:{d.env.get('PATH', '')}"}
-    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "components", "bench", "--stack", stack],
+    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "components", *args],
                           cwd=d.project, env=env, capture_output=True, text=True, timeout=1500)
+
+
+def bench(d, stack: str) -> subprocess.CompletedProcess:
+    return components(d, "bench", "--stack", stack)
 
 
 def results(d, stack: str) -> tuple[dict, dict]:
@@ -45,7 +55,9 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert "stack pp8 does not serve" in refused.stderr and "sglang-kimi-k2.6-tp8.service" in refused.stderr
 
-    done = bench(d, "tp8")
+    t0 = time.monotonic()
+    done = bench(d, "tp8")  # the first bench on this host: it also pushes and installs the client
+    bench_seconds = time.monotonic() - t0
     print(done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "level 1/2: concurrency 1" in done.stdout and "level 2/2: concurrency 32" in done.stdout
@@ -68,3 +80,49 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
     assert tp[32]["output_throughput"] > 1.5 * pp[32]["output_throughput"]
     # ITL per stream follows the model: TP8 ~38 ms, PP8 ~27 ms at one request
     assert 30 < tp[1]["median_itl_ms"] < 50 and 20 < pp[1]["median_itl_ms"] < 35
+
+    # compare, as an operator runs it after the two benches
+    t0 = time.monotonic()
+    compared = components(d, "compare", "--stacks", "tp8,pp8")
+    compare_seconds = time.monotonic() - t0
+    print(compared.stdout)
+    # Issue 15's goal (bench then compare in under 3 minutes on the rehearsal host): printed, not
+    # asserted (a shared machine's load is not the program's speed).
+    print(f"timing: bench --stack tp8 (first on the host, client install included; levels {BENCH['concurrency']}, "
+          f"{BENCH['inputLen']} in / {BENCH['outputLen']} out) {bench_seconds:.0f} s + compare {compare_seconds:.0f} s "
+          f"= {bench_seconds + compare_seconds:.0f} s (goal: under 180 s)")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    text = compared.stdout
+    assert text.startswith("REHEARSAL: ") and "not a GPU measurement" in text
+    assert "(rehearsal: not a GPU measurement)" in text.rstrip().splitlines()[-1]
+    verdicts = {line.strip().split(":")[0]: line.strip() for line in text.splitlines() if line.strip().startswith("C=")}
+    assert verdicts["C=1"].startswith("C=1: PP8 wins with "), text
+    assert verdicts["C=32"].startswith("C=32: TP8 wins with "), text
+    rows = [line.split() for line in text.splitlines() if line.strip()[:1].isdigit()]
+    assert {(r[0], r[1]) for r in rows} == {("1", "TP8"), ("1", "PP8"), ("32", "TP8"), ("32", "PP8")}
+    assert all(r[-1] == "rehearsal" for r in rows)
+    png = d.project / "results" / "bench" / "compare.png"
+    assert text.rstrip().endswith("picture: results/bench/compare.png (rehearsal: not a GPU measurement)")
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    assert struct.unpack(">II", data[16:24]) == (1320, 594) and len(data) > 30_000
+
+    # The series drawn: one line per strategy on both plots, at the levels measured, with the
+    # stored figures (what tests/test_compare.py checks on data files, here on this run's files).
+    from components import compare as cli_compare
+    from components.core import compare as core_compare
+    c = core_compare.load(d.project / "results" / "bench", ["tp8", "pp8"])
+    fig = cli_compare.figure(c)
+    for ax, field in zip(fig.axes, ("output_throughput", "median_ttft_ms")):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        assert list(lines) == [s.label() for s in c.series] and len(lines) == 2
+        for s in c.series:
+            assert s.label().startswith(f"{s.strategy} on ") and s.label().endswith("(rehearsal)")
+            assert list(lines[s.label()].get_xdata()) == BENCH["concurrency"]
+            assert list(lines[s.label()].get_ydata()) == [getattr(s.points[x].level, field) for x in BENCH["concurrency"]]
+    assert fig.get_suptitle().startswith("REHEARSAL: ")
+
+    # Keep this run's results for the README's picture (docs/img/compare-rehearsal.png).
+    keep = os.environ.get("GPU_SERVING_KEEP_BENCH")
+    if keep:
+        shutil.copytree(d.project / "results" / "bench", Path(keep), dirs_exist_ok=True)
