@@ -69,7 +69,14 @@ class PostgresServer:
         if out.returncode:
             raise RuntimeError(f"initdb failed: {out.stderr[-2000:]}")
         server.run_server()
-        server.psql(f"CREATE ROLE {ROLE} LOGIN PASSWORD '{server.password}'", f"CREATE DATABASE {DATABASE} OWNER {ROLE}")
+        # The README's (Teams) commands for the database server, as its superuser; createuser
+        # prompts for the password twice (from stdin here: no controlling terminal).
+        conn = ["-h", str(server.sockets), "-p", str(server.port), "-U", "postgres"]
+        for argv, stdin in (([str(PG_BIN / "createuser"), *conn, "--pwprompt", ROLE], f"{server.password}\n" * 2),
+                            ([str(PG_BIN / "createdb"), *conn, "--owner", ROLE, DATABASE], None)):
+            out = _as_postgres(argv, input=stdin, cwd="/", start_new_session=True)
+            if out.returncode:
+                raise RuntimeError(f"{Path(argv[0]).name} failed: {out.stderr[-2000:]}")
         return server
 
     def run_server(self) -> None:

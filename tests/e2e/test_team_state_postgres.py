@@ -238,3 +238,32 @@ def test_postgres_stopped_mid_run_fails_clearly_and_the_next_run_converges_with_
     assert {s: urns(d.stack(s)) for s in STRATEGIES} == before
     assert {s: checkpoint(server, s) for s in others} == untouched
     H.fault_survived("PostgreSQL stopped in the middle of a run")
+
+
+
+def test_postgres_restarted_between_two_state_writes_the_run_carries_on(d, server):
+    """A restart while the run waits on the host (the switch loading): the engine's connection
+    pool reconnects at its next write, the run succeeds and its state is saved."""
+    serving = serving_one(d)
+    target = next(s for s in STRATEGIES if s != serving)
+    before = {s: urns(d.stack(s)) for s in STRATEGIES}
+    runs = len(d.stack(target).history())
+    old_pid = server.pid()
+    run = pulumi_up(d, target)
+    try:
+        H.wait_for(lambda: states(d)[target] in ("activating", "active"), 120, what=f"the run to start {target}")
+        H.fault_injected("PostgreSQL restarted in the middle of a run")
+        server.restart()
+        assert server.pid() != old_pid
+        out, _ = run.communicate(timeout=300)
+    finally:
+        if server.pid() is None:
+            server.run_server()
+    assert run.returncode == 0, out[-3000:]
+    assert serving_one(d) == target
+    history = d.stack(target).history()
+    assert len(history) == runs + 1 and history[0].result == "succeeded"
+    assert lock_keys(server, target) == []
+    d.stack(target).preview_refresh(expect_no_changes=True)
+    assert {s: urns(d.stack(s)) for s in STRATEGIES} == before
+    H.fault_survived("PostgreSQL restarted in the middle of a run")
