@@ -18,7 +18,11 @@
 #                                instead of hanging on a download
 #   PULUMI_RUN_PROGRAM=true      default: refresh runs the program first, so a bad setting is
 #                                refused before any read reaches the host
-#   PULUMI_BACKEND_URL           default file://<repo>/.pulumi-state (git-ignored; created)
+#   PULUMI_BACKEND_URL           default file://<repo>/.pulumi-state (git-ignored; created). A team
+#                                sets postgres://USER@HOST:PORT/DATABASE?sslmode=... before sourcing
+#                                (README: Teams); its password comes from PGPASSWORD or PGPASSFILE,
+#                                never the URL: a URL holding one is refused here (return 1), since
+#                                `pulumi whoami -v` and scripts print the URL as it is.
 #   PULUMI_CONFIG_PASSPHRASE     default "gpu-serving-local", only when neither it nor
 #                                PULUMI_CONFIG_PASSPHRASE_FILE is set. It encrypts the secrets in
 #                                Pulumi.<stack>.yaml and in the state: fine for the rehearsal host;
@@ -26,6 +30,14 @@
 #   PULUMI_HOME                  default ${GPU_SERVING_CACHE:-/var/cache/gpu-serving}/pulumi-home
 #                                (tests set their own per run)
 # Versions: scripts/versions.env. Cache root: ${GPU_SERVING_CACHE:-/var/cache/gpu-serving}.
+
+# postgres://user:password@... : refused before anything runs with it (see the header).
+if [[ ${PULUMI_BACKEND_URL:-} =~ ^postgres(ql)?://[^/@]*:[^/@]*@ ]]; then
+  echo "scripts/env.sh: PULUMI_BACKEND_URL holds a password (postgres://USER:PASSWORD@...): the URL is printed" \
+       "by pulumi (whoami -v) and ends up in shell history. Put the password in PGPASSWORD or a passfile" \
+       "(PGPASSFILE, ~/.pgpass) and set PULUMI_BACKEND_URL=postgres://USER@HOST:PORT/DATABASE?sslmode=verify-full" >&2
+  return 1 2>/dev/null || exit 1
+fi
 
 _gs_repo=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")/.." && pwd)
 # shellcheck source=versions.env

@@ -27,3 +27,19 @@ def test_python_is_the_venv_and_path_entries_are_not_repeated():
 def test_readme_plan_commands_run_after_sourcing():
     out = clean_shell("source scripts/env.sh 2>/dev/null; python -m components plan --stack ep8 --against tp8 --json")
     assert '"starts": "sglang-kimi-k2.6-ep8.service"' in out
+
+
+def test_the_file_backend_stays_the_default_and_a_team_url_is_kept():
+    out = clean_shell('source scripts/env.sh 2>/dev/null; echo "$PULUMI_BACKEND_URL"; '
+                      'PULUMI_BACKEND_URL="postgres://ops@db.example:5432/pulumi_state?sslmode=verify-full"; '
+                      'source scripts/env.sh 2>/dev/null; echo "$PULUMI_BACKEND_URL"')
+    assert out.splitlines() == [f"file://{ROOT}/.pulumi-state", "postgres://ops@db.example:5432/pulumi_state?sslmode=verify-full"]
+
+
+def test_a_password_in_a_postgres_url_is_refused_without_printing_it():
+    out = subprocess.run(["env", "-i", "PATH=/usr/bin:/bin", "PULUMI_BACKEND_URL=postgres://ops:hunter2-secret@db:5432/state",
+                          "bash", "--noprofile", "--norc", "-c", "source scripts/env.sh && echo sourced"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "sourced" not in out.stdout
+    assert "PULUMI_BACKEND_URL holds a password" in out.stderr and "PGPASSWORD" in out.stderr
+    assert "hunter2-secret" not in out.stdout + out.stderr
