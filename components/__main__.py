@@ -3,7 +3,8 @@
 ``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH.
 ``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG.
 ``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates).
-``python -m components bench --stack NAME``: SGLang's serving benchmark on the host, results in results/bench/."""
+``python -m components bench --stack NAME``: SGLang's serving benchmark on the host, results in results/bench/.
+``python -m components watch --stacks tp8,pp8,ep8 [--every 10m] [--once]``: the drift watch (status.json, a Prometheus file)."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from . import compare
 from . import advise_cli
+from . import watch
 from .core.config import parse_settings
 from .core.errors import ConfigError
 from .core.plan import CheckedStack, ServingPlan, check_stack, load_stack_config
@@ -138,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--project-dir", default=".", type=Path)
     compare.add_parser(sub)
     advise_cli.add_parser(sub)
+    watch.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -148,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args)
     if args.command == "compare":
         return compare.run(args)
+    if args.command == "watch":
+        return watch.run(args)
     if args.command == "advise":
         return advise_cli.run(args)
     if args.command == "rehearsal-hosts":

@@ -133,10 +133,10 @@ def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, Ser
     return doc
 
 
-def project_status(project_dir: Path, only: Optional[str] = None) -> dict:
-    """Every host of the project's stacks (or of `only`): see `host_status`. Settings errors raise
-    ConfigError; a host that cannot be reached is reported in its entry."""
-    names = [only] if only else stack_names(project_dir)
+def project_status(project_dir: Path, only: Optional[str] = None, stacks: Optional[list[str]] = None) -> dict:
+    """Every host of the project's stacks (or of `only`, or of `stacks`: the drift watch's): see
+    `host_status`. Settings errors raise ConfigError; a host that cannot be reached is reported in its entry."""
+    names = [only] if only else list(stacks) if stacks else stack_names(project_dir)
     hosts: dict[str, dict] = {}
     for stack in names:
         try:
