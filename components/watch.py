@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
     w.add_argument("--once", action="store_true", help="one tick, then exit (for a systemd timer)")
     w.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"where status.json and gpu-serving.prom go "
                                                                   f"(default {DEFAULT_STATE_DIR})")
-    w.add_argument("--webhook", help="POST the changes (JSON) to this URL when something changed")
+    w.add_argument("--webhook", default=os.environ.get("GPU_SERVING_WATCH_WEBHOOK"),
+                   help="POST the changes (JSON) to this URL when something changed (default: $GPU_SERVING_WATCH_WEBHOOK)")
     w.add_argument("--project-dir", default=".", type=Path)
     w.add_argument("--systemd-units", metavar="DIR", type=Path,
                    help="write gpu-serving-watch.service and .timer for these options into DIR and exit (no tick)")

@@ -335,7 +335,8 @@ Wants=network-online.target
 [Service]
 Type=oneshot
 WorkingDirectory={checkout}
-# PULUMI_BACKEND_URL, PULUMI_CONFIG_PASSPHRASE (or _FILE), PGPASSFILE: the operator's, not the repo's.
+# PULUMI_BACKEND_URL, PULUMI_CONFIG_PASSPHRASE (or _FILE), PGPASSFILE, GPU_SERVING_WATCH_WEBHOOK:
+# the operator's, not the repo's (a webhook URL may hold a token).
 EnvironmentFile=-{env_file}
 ExecStart=/bin/bash -c 'source scripts/env.sh && exec {argv}'
 TimeoutStartSec={max(600, every_seconds)}
@@ -344,9 +345,8 @@ TimeoutStartSec={max(600, every_seconds)}
 Description=gpu-serving drift watch every {every_seconds} s
 
 [Timer]
-OnBootSec=2min
+OnActiveSec=1min
 OnUnitActiveSec={every_seconds}s
-Persistent=true
 
 [Install]
 WantedBy=timers.target
