@@ -156,3 +156,16 @@ def test_the_shipped_pair_is_the_rendered_one():
             shipped.mkdir(parents=True, exist_ok=True)
             (shipped / name).write_text(text)
         assert (shipped / name).read_text() == text, name
+
+
+def test_the_readme_edit_line_is_what_the_watch_says_for_the_projects_ep8_unit():
+    from components.core.plan import check_stack
+    from components.core.stack_config import from_files
+    project = Path(__file__).resolve().parents[1]
+    plan = check_stack("ep8", from_files(project, "ep8"), project).plans[0][1]
+    edited = plan.unit.text.replace("--max-running-requests 64 ", "--max-running-requests 128 ")
+    item = W.resource_drift({"name": "unit-file", "type": "pulumi-python:dynamic/gpu-serving:RemoteFile", "op": "update",
+                             "old": {"path": f"/etc/systemd/system/{plan.unit.name}", "content": edited},
+                             "new": {"path": f"/etc/systemd/system/{plan.unit.name}", "content": plan.unit.text}})
+    line = f"watch: edited: stack ep8 on 10.0.0.5: {W.describe(item)}"
+    assert line in (project / "README.md").read_text()

@@ -88,6 +88,7 @@ def line_changes(declared: str, on_host: str, *, hide_values: bool = False) -> l
     out = []
 
     def show(line: str) -> str:
+        line = line.strip()  # a continuation line's indent says nothing
         return line.partition("=")[0] + "=(value not shown)" if hide_values and "=" in line else _short(line)
 
     def pair(on_host: str, declared: str) -> str:
