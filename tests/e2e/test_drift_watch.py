@@ -130,6 +130,7 @@ def test_a_hand_edit_is_reported_naming_stack_host_file_and_line_and_the_watch_w
     since = time.time()
     doc, lines, prom = watch_once(d, state_dir, webhook)
     commands, logins = record.since(mark)
+    print("\n".join(lines))
     tp8 = entry(doc, "tp8")
     assert tp8["state"] == "drifted", tp8
     unit_file = [i for i in tp8["drifted"] if i.get("file") == path]
@@ -180,6 +181,7 @@ def test_a_stopped_host_is_reported_the_tick_completes_and_after_start_it_is_cle
         for stack in ("tp8", "ep8"):
             e = entry(doc, stack)
             assert e["state"] == "unreachable" and e["error"], e
+            print(f"{stack}: {e['error']}")
             assert metric(prom, "gpu_serving_host_up", stack) == 0
         assert any(ln.startswith("watch: unreachable: stack ep8") for ln in lines), lines
         assert doc["check_errors_total"] == errors_before + 2
