@@ -95,7 +95,7 @@ def test_every(text, seconds):
     assert W.parse_every(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "0m", "5s", "ten minutes", "10x", "-1m"])
+@pytest.mark.parametrize("text", ["", "0m", "5s", "ten minutes", "10x", "-1m", "10m\n", "１０m"])
 def test_a_bad_every_names_the_option_and_a_valid_one(text):
     with pytest.raises(ConfigError) as info:
         W.parse_every(text)

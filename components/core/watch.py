@@ -28,14 +28,14 @@ SUPERSEDED = "superseded: "
 SHORT = 120  # longest value shown in a line
 MAX_LINES = 6
 
-_EVERY = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_EVERY = re.compile(r"[ ]*([0-9]+)[ ]*([smhd]?)[ ]*\Z")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 MIN_EVERY_SECONDS = 10
 
 
 def parse_every(text: str) -> int:
     """`--every 10m` in seconds (s, m, h, d; a bare number is seconds)."""
-    m = _EVERY.match(text or "")
+    m = _EVERY.fullmatch(text or "")
     seconds = int(m.group(1)) * _UNITS[m.group(2)] if m else 0
     if seconds < MIN_EVERY_SECONDS:
         raise ConfigError([SettingError("--every", f"{text!r} is not an interval of at least {MIN_EVERY_SECONDS} seconds "
