@@ -1,7 +1,7 @@
 """``python -m components watch --stacks tp8,pp8,ep8 --every 10m [--once] [--state-dir DIR] [--webhook URL]``:
 the drift watch. Each tick, per stack, `pulumi preview --refresh` through the Automation API (reads
-only: a preview never runs a provider's create, update or delete, and its refreshed state is not
-saved), and the `status` read of what serves on each host; then writes status.json and
+only: a preview never runs a provider's create, update or delete, and takes no stack lock), and the
+`status` read of what serves on each host; then writes status.json and
 gpu-serving.prom (atomically) in the state directory, logs one line per change since the previous
 tick (kept in status.json, so `--once` under a systemd timer diffs across runs) and POSTs the
 changes to --webhook. The words and files come from components/core/watch.py.
