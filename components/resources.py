@@ -15,6 +15,7 @@ from pulumi.dynamic import Resource
 
 from .core.readiness import AS_DECLARED
 from .remote import providers
+from .remote.router import RouterReadinessProvider, RouterServiceProvider
 
 
 # `module` of every dynamic resource's type token: pulumi-python:dynamic/gpu-serving:<name>.
@@ -71,3 +72,22 @@ class Readiness(Resource, module=MODULE, name="Readiness"):
         outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "checked_by", "layout",
                                   "model", "served_model_name", "version", "mismatches", "reason")}
         super().__init__(providers.ReadinessProvider(), name, {**props, **outs}, dynamic_options(opts, ["connection"]))
+
+
+class RouterService(Resource, module=MODULE, name="RouterService"):
+    active: pulumi.Output[bool]
+    enabled: pulumi.Output[bool]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(RouterServiceProvider(), name, {**props, "active": None, "enabled": None},
+                         dynamic_options(opts, ["connection", "adminKey"]))
+
+
+class RouterReadiness(Resource, module=MODULE, name="RouterReadiness"):
+    status: pulumi.Output[str]
+    reason: pulumi.Output[str]
+    workers: pulumi.Output[list]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(RouterReadinessProvider(), name, {**props, "status": None, "reason": None, "workers": None},
+                         dynamic_options(opts, ["connection", "adminKey"]))

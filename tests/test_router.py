@@ -95,3 +95,18 @@ def test_failure_message_names_the_host_and_what_each_host_runs():
     text = state.message("pp8", {"gpu2": "tp8"})
     assert "stopped at host gpu2" in text and "rolled back to tp8" in text
     assert "already switched: gpu1" in text and "gpu3 not switched" in text
+
+
+def test_in_flight_from_get_load_sums_every_dp_rank():
+    assert R.in_flight_from_load((DATA / "get-load-sglang-dp2.json").read_text()) == 6
+    assert R.in_flight_from_load('[{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]') == 0
+    assert R.in_flight_from_load('{"detail": "Not Found"}') is None
+    assert R.in_flight_from_load("not json") is None
+
+
+def test_local_url_and_http_answer():
+    assert R.local_url("0.0.0.0", 30001) == "http://127.0.0.1:30001"
+    assert R.local_url("::", 1) == "http://[::1]:1"
+    assert R.local_url("10.0.0.5", 2) == "http://10.0.0.5:2"
+    assert R.parse_http('202\n{"status":"accepted"}') == (202, '{"status":"accepted"}')
+    assert R.parse_http("0\nConnectionRefusedError: [Errno 111]")[0] == 0

@@ -200,16 +200,82 @@ def judge_router(expected: list[str], workers: Optional[list[Worker]], error: st
 # ---------------------------------------------------------------------------------------------
 # In flight on a server (SGLang's Prometheus text, --enable-metrics)
 
-_METRIC = re.compile(r"^sglang:(num_running_reqs|num_queue_reqs)(?:\{[^}]*\})?\s+([0-9.eE+-]+)\s*$", re.M)
+GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 
 
 def in_flight(metrics_text: str) -> Optional[int]:
     """Requests running plus queued on a server, from its /metrics (summed over the label sets:
-    one per DP rank or model); None when it reports neither gauge."""
-    found = _METRIC.findall(metrics_text)
-    if not found:
+    one per rank or model); None when it reports neither gauge."""
+    total, seen = 0.0, False
+    for line in metrics_text.splitlines():
+        if line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GAUGES:
+            try:
+                total += float(line.rsplit(None, 1)[-1])
+                seen = True
+            except ValueError:
+                continue
+    return int(round(total)) if seen else None
+
+
+def in_flight_from_load(text: str) -> Optional[int]:
+    """Requests running plus waiting on a server, from SGLang's GET /get_load (a list, one entry
+    per DP rank: num_reqs, num_waiting_reqs, num_tokens); None for another answer."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
         return None
-    return int(round(sum(float(v) for _, v in found)))
+    if isinstance(doc, dict):
+        doc = [doc]
+    if not isinstance(doc, list) or not all(isinstance(d, dict) and "num_reqs" in d for d in doc):
+        return None
+    return sum(int(d.get("num_reqs") or 0) + int(d.get("num_waiting_reqs") or 0) for d in doc)
+
+
+def local_url(bind: str, port: int) -> str:
+    """How a process on the same machine reaches a server bound to `bind`."""
+    if bind in ("0.0.0.0", ""):
+        return f"http://127.0.0.1:{port}"
+    if bind == "::":
+        return f"http://[::1]:{port}"
+    return worker_url(bind, port)
+
+
+# A fixed script run on a host with its python (argv: METHOD URL; stdin: the bearer key on the
+# first line, or an empty line, then the body). Prints the HTTP status (0: no answer) and the
+# body. No proxy: the URL is always the host's own address.
+HTTP_SCRIPT = r"""
+import sys, urllib.error, urllib.request
+method, url = sys.argv[1], sys.argv[2]
+key = sys.stdin.readline().strip()
+body = sys.stdin.read().encode() or None
+headers = {"Content-Type": "application/json"}
+if key:
+    headers["Authorization"] = "Bearer " + key
+req = urllib.request.Request(url, data=body, method=method, headers=headers)
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+try:
+    with opener.open(req, timeout=10) as r:
+        print(r.status)
+        sys.stdout.write(r.read().decode(errors="replace"))
+except urllib.error.HTTPError as e:
+    print(e.code)
+    sys.stdout.write(e.read().decode(errors="replace"))
+except Exception as e:
+    print(0)
+    sys.stdout.write("%s: %s" % (type(e).__name__, e))
+"""
+
+
+def parse_http(stdout: str) -> tuple[int, str]:
+    """HTTP_SCRIPT's answer -> (status, body)."""
+    first, _, body = stdout.partition("\n")
+    try:
+        return int(first.strip()), body
+    except ValueError:
+        return 0, stdout
 
 
 # ---------------------------------------------------------------------------------------------
