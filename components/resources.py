@@ -62,7 +62,7 @@ class Service(Resource, module=MODULE, name="SystemdService"):
         super().__init__(providers.ServiceProvider(), name,
                          {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
                           "runningServer": AS_DECLARED, "previous": None, "readinessReport": None},
-                         dynamic_options(opts, ["connection"]))
+                         dynamic_options(opts, ["connection", "router"]))
 
 
 class Readiness(Resource, module=MODULE, name="Readiness"):

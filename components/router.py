@@ -72,14 +72,16 @@ class Router(pulumi.ComponentResource):
             props = install_props(r)
         except ConfigError as exc:
             raise pulumi.RunError(str(ConfigError(exc.errors, f"stack {settings.stack}"))) from None
-        child = pulumi.ResourceOptions(parent=self)
+        # Every strategy stack of the fleet declares the same router: destroying one stack leaves
+        # it routing for the others (like the venvs; remove it by hand when the fleet goes).
+        child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
         # Shared by every strategy stack of the fleet, like the serving venv: kept on destroy.
         self.install = _VenvInstall(f"{name}-packages", {"connection": host.connection, **props},
                                     pulumi.ResourceOptions(parent=self, retain_on_delete=True))
         self.environment_file = RemoteFile(f"{name}-environment-file", {
             "connection": host.connection,
             "path": R.environment_path(settings),
-            "content": "",
+            "content": "# Managed by gpu-serving: the router's admin key (gpu-serving:routerAdminKey, a Pulumi secret).\n",
             "mode": "0600",
             # The key entry is the secret part: written into the file by the provider, never shown.
             "secretEnvironment": admin_key.apply(lambda k: {R.KEY_VARIABLE: f"{R.KEY_ID}:{R.KEY_ID}:admin:{k}"}),
@@ -102,5 +104,6 @@ class Router(pulumi.ComponentResource):
             "adminKey": admin_key,
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             depends_on=[self.install, self.environment_file, self.unit_file])))
-        self.url = pulumi.Output.from_input(R.worker_url(host.address if r.bind in ("0.0.0.0", "::") else r.bind, r.port))
+        self.url_text = R.worker_url(host.address if r.bind in ("0.0.0.0", "::") else r.bind, r.port)
+        self.url = pulumi.Output.from_input(self.url_text)
         self.register_outputs({"url": self.url})

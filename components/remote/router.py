@@ -9,6 +9,7 @@ existing single-host switch), then back in the router and healthy, whatever the 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import time
 from typing import Callable, Iterator, Optional
@@ -179,14 +180,30 @@ class RouterServiceProvider(ResourceProvider):
                       purpose=f"reading {unit}'s state", timeout=ADMIN_TIMEOUT, check=False, read=True).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
-    def _converge(self, props: dict, restart: bool) -> dict:
+    @staticmethod
+    def _marker(props: dict) -> tuple[str, bytes]:
+        """Where the router's start is recorded, and what it ran with (the unit text and the key's
+        hash): a router already running this declaration is not restarted, so a second strategy
+        stack, or an `up` that changes nothing of the router, never interrupts its requests."""
+        digest = hashlib.sha256(props["unitText"].encode() + b"\0" + hashlib.sha256(props["adminKey"].encode()).digest())
+        return f"/run/gpu-serving/{props['unit']}.started", digest.hexdigest().encode()
+
+    def _converge(self, props: dict) -> dict:
         t = _require_target(props)
         unit = props["unit"]
+        path, want = self._marker(props)
+        running = self._state(t, unit).get("ActiveState") == "active"
+        if running and ssh.read_file(t, path) == want:
+            _progress(f"router: {unit} runs as declared; not restarted")
+            state = self._state(t, unit)
+            return {**props, "active": True, "enabled": state.get("UnitFileState") == "enabled"}
         ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
         ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
-        action = "restart" if restart else "start"
+        action = "restart" if running else "start"
         _progress(f"router: {action} {unit}")
         ssh.run(t, ["systemctl", action, unit], purpose=f"{action} {unit}", timeout=120)
+        ssh.run(t, ["mkdir", "-p", "/run/gpu-serving"], purpose="creating /run/gpu-serving", timeout=ADMIN_TIMEOUT)
+        ssh.write_file(t, path, want, 0o600)
         admin = RouterAdmin(_admin_props(props))
         deadline = time.monotonic() + 60
         while True:
@@ -204,11 +221,10 @@ class RouterServiceProvider(ResourceProvider):
         return {**props, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._converge(props, restart=True))
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._converge(props))
 
     def update(self, id, olds, news):
-        restart = any(olds.get(k) != news.get(k) for k in ("unitText", "adminKey", "venvPath")) or not olds.get("active")
-        return UpdateResult(outs=self._converge(news, restart=restart))
+        return UpdateResult(outs=self._converge(news))
 
     def read(self, id, props):
         state = self._state(_require_target(props), props["unit"])
