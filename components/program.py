@@ -9,6 +9,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from .benchmark import benchmark_after_ready
+from .core import router as R
 from .core.config import StackSettings
 from .core.errors import ConfigError
 from .core.plan import ServingPlan, check_stack
@@ -17,32 +18,80 @@ from .core.stack_config import RawConfig, from_engine
 from .cuda import CudaToolkit
 from .gpu_host import GpuHost, GpuHostArgs
 from .readiness_check import ReadinessCheck
+from .resources import RouterReadiness
+from .router import Router
 from .serving_unit import ServingUnit
 from .venv import PythonVenv
 
 
 def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
-                secret_env: Optional[pulumi.Output], benchmark: bool = False) -> dict:
+                secret_env: Optional[pulumi.Output], benchmark: bool = False, host: Optional[GpuHost] = None,
+                router: Optional[pulumi.Output] = None, after: Optional[list] = None) -> dict:
     """One machine: its facts, CUDA, venv, the strategy's unit and the readiness verdict, and
     with `benchmark` SGLang's benchmark after it. `name` is "" for the one-host form (the
     resource names stay what they always were) or the fleet entry's name, which prefixes every
-    resource of that host."""
+    resource of that host. With a router: `host` made ahead (the router needs every address),
+    `router` this host's place behind it, `after` the roll's previous batch."""
     settings: StackSettings = plan.settings
     prefix = f"{name}-" if name else ""
-    host = GpuHost(name or "host", GpuHostArgs(settings, private_key=private_key, prefetch=refresh_reads(plan), entry=name),
-                   needed_gpus=plan.world_size)
+    host = host or make_host(name, plan, private_key)
     after_host = pulumi.ResourceOptions(depends_on=[host])
     # Shared by every strategy stack of the host; a stack's destroy leaves them in place.
     installs = [CudaToolkit(f"{prefix}cuda", host, settings, after_host),
                 PythonVenv(f"{prefix}venv", host, settings, after_host)]
     unit = ServingUnit(f"{prefix}{settings.strategy_name}", plan, host, secret_env,
-                       pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix)
+                       pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix, router=router, after=after)
     ready = ReadinessCheck(f"{prefix}readiness", plan, host, unit, prefix=prefix)
     out = {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": plan.memory.as_dict(),
-           "host": host.facts, "readiness": ready.report}
+           "host": host.facts, "readiness": ready.report, "service": unit.service}
     if benchmark:
         out["benchmark"] = benchmark_after_ready(name, plan, host, unit, ready, Path(os.getcwd())).summary
     return out
+
+
+def make_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output]) -> GpuHost:
+    return GpuHost(name or "host", GpuHostArgs(plan.settings, private_key=private_key, prefetch=refresh_reads(plan), entry=name),
+                   needed_gpus=plan.world_size)
+
+
+def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key, secret_env, admin_key) -> dict:
+    """The fleet with SGLang's router in front: the router on its machine, then each host's
+    switch in batches of rollout.maxUnavailable, each batch after the previous one, each host
+    taken out of the router and put back around its switch."""
+    r = settings.router
+    hosts = {name: make_host(name, plan, private_key) for name, plan in plans}
+    urls = {name: R.worker_url(hosts[name].address, plan.settings.serving.port) for name, plan in plans}
+    if r.runs_on is not None:
+        router_host = hosts[r.runs_on]
+    else:
+        router_host = GpuHost("router-host", GpuHostArgs(settings.model_copy(update={"host": r.host, "hosts": ()}),
+                                                         private_key=private_key, entry="router"), needed_gpus=0)
+    router = Router("router", router_host, settings, [urls[n] for n, _ in plans], admin_key)
+    roll = R.plan_roll([n for n, _ in plans], {}, settings.strategy_name, max_unavailable=settings.rollout.max_unavailable,
+                       router=True)
+    pulumi.log.info(f"hosts whose strategy changes switch in this order: "
+                    f"{roll.describe(settings.strategy_name, settings.rollout.max_unavailable, router.url_text)}")
+    outputs: dict = {}
+    previous: list = [router.service]
+    for batch in roll.batches:
+        services = []
+        for name in batch:
+            plan = dict(plans)[name]
+            member = pulumi.Output.all(router_host.connection, admin_key).apply(lambda a, url=urls[name]: {
+                "connection": a[0], "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": a[1],
+                "workerUrl": url, "drainTimeout": settings.rollout.drain_timeout_seconds, "readyTimeout": r.ready_timeout_seconds})
+            outputs[name] = deploy_host(name, plan, private_key, secret_env,
+                                        benchmark=settings.benchmark.on_deploy and name == plans[0][0], host=hosts[name],
+                                        router=pulumi.Output.secret(member), after=list(previous))
+            services.append(outputs[name]["service"])
+        previous = services
+    check = RouterReadiness("router-readiness", {
+        "connection": router_host.connection, "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": admin_key,
+        "expected": [urls[n] for n, _ in plans], "names": {urls[n]: n for n, _ in plans},
+        "timeoutSeconds": r.ready_timeout_seconds,
+    }, pulumi.ResourceOptions(depends_on=[router.service, *[o["service"] for o in outputs.values()]]))
+    pulumi.export("router", {"url": router.url, "status": check.status, "reason": check.reason, "workers": check.workers})
+    return {name: outputs[name] for name, _ in plans}
 
 
 def engine_config() -> RawConfig:
@@ -71,10 +120,20 @@ def run() -> None:
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None
     private_key = cfg.get_secret("sshPrivateKey")
-    # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
-    # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
-    outputs = {name: deploy_host(name, plan, private_key, secret_env,
-                                 benchmark=settings.benchmark.on_deploy and i == 0) for i, (name, plan) in enumerate(plans)}
+    if settings.router is not None:
+        admin_key = cfg.get_secret("routerAdminKey")
+        if admin_key is None:
+            raise pulumi.RunError("gpu-serving:router needs its admin key, the secret gpu-serving:routerAdminKey: "
+                                  "pulumi config set --secret gpu-serving:routerAdminKey \"$(openssl rand -hex 32)\"")
+        outputs = deploy_fleet_behind_router(settings, plans, private_key, secret_env, admin_key)
+    else:
+        if len(plans) > 1:
+            pulumi.log.info(R.plan_roll([n for n, _ in plans], {}, settings.strategy_name, max_unavailable=1, router=False)
+                            .describe(settings.strategy_name, 1))
+        # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
+        # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
+        outputs = {name: deploy_host(name, plan, private_key, secret_env,
+                                     benchmark=settings.benchmark.on_deploy and i == 0) for i, (name, plan) in enumerate(plans)}
 
     first = plans[0][1]
     pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
@@ -84,7 +143,7 @@ def run() -> None:
         pulumi.export("benchmark", outputs[plans[0][0]]["benchmark"])
     if not settings.hosts:
         for key, value in outputs[""].items():
-            if key != "benchmark":
+            if key not in ("benchmark", "service"):
                 pulumi.export(key, value)
         return
     # A fleet: the same outputs, each a map by host name.

@@ -16,6 +16,7 @@ from pulumi.dynamic import Resource
 from .core.readiness import AS_DECLARED
 from .remote import bench as remote_bench
 from .remote import providers
+from .remote.router import RouterReadinessProvider, RouterServiceProvider
 
 
 # `module` of every dynamic resource's type token: pulumi-python:dynamic/gpu-serving:<name>.
@@ -62,7 +63,7 @@ class Service(Resource, module=MODULE, name="SystemdService"):
         super().__init__(providers.ServiceProvider(), name,
                          {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
                           "runningServer": AS_DECLARED, "previous": None, "readinessReport": None},
-                         dynamic_options(opts, ["connection"]))
+                         dynamic_options(opts, ["connection", "router"]))
 
 
 class Readiness(Resource, module=MODULE, name="Readiness"):
@@ -80,3 +81,22 @@ class Benchmark(Resource, module=MODULE, name="Benchmark"):
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(remote_bench.BenchmarkProvider(), name, {**props, "summary": None}, dynamic_options(opts, ["connection"]))
+
+
+class RouterService(Resource, module=MODULE, name="RouterService"):
+    active: pulumi.Output[bool]
+    enabled: pulumi.Output[bool]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(RouterServiceProvider(), name, {**props, "active": None, "enabled": None},
+                         dynamic_options(opts, ["connection", "adminKey"]))
+
+
+class RouterReadiness(Resource, module=MODULE, name="RouterReadiness"):
+    status: pulumi.Output[str]
+    reason: pulumi.Output[str]
+    workers: pulumi.Output[list]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(RouterReadinessProvider(), name, {**props, "status": None, "reason": None, "workers": None},
+                         dynamic_options(opts, ["connection", "adminKey"]))

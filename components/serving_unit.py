@@ -42,9 +42,12 @@ class ServingUnit(pulumi.ComponentResource):
     readiness_report: pulumi.Output
 
     def __init__(self, name: str, plan: ServingPlan, host: GpuHost, secret_environment: Optional[pulumi.Output] = None,
-                 opts: Optional[pulumi.ResourceOptions] = None, prefix: str = ""):
+                 opts: Optional[pulumi.ResourceOptions] = None, prefix: str = "",
+                 router: Optional[pulumi.Output] = None, after: Optional[list] = None):
         # `prefix` ("gpu1-") keeps the children's names unique in a fleet: a URN holds the
-        # parent's type, not its name.
+        # parent's type, not its name. `router`: this host's place behind the fleet's router
+        # (a switch takes it out and puts it back, components/remote/router.py); `after`: the
+        # services of the roll's previous batch, which switch first.
         super().__init__("gpu-serving:index:ServingUnit", name, {}, opts)
         child = pulumi.ResourceOptions(parent=self)
         # A fleet's resources name their entry, so the providers' lines and errors say `hosts[gpu2]`.
@@ -88,9 +91,10 @@ class ServingUnit(pulumi.ComponentResource):
             "readiness": s.readiness.model_dump(by_alias=True),
             "secretEnvironment": secret_environment if secret_environment is not None else {},
             "stack": s.stack,
+            **({"router": router} if router is not None else {}),
             **entry,
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
-            depends_on=[self.environment_file, self.unit_file],
+            depends_on=[self.environment_file, self.unit_file, *(after or [])],
             hooks=pulumi.ResourceHookBinding(before_delete=[_destroy_warning_hook(prefix, plan, host)]))))
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport

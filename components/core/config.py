@@ -357,6 +357,10 @@ def check_secret_value(key: str, value: Any) -> list[SettingError]:
         if not value or any(c in value for c in SECRET_FORBIDDEN) or any(c.isspace() for c in value):
             return [SettingError(where, "contains whitespace, a quote, a backslash, $ or a backtick (a token never does)",
                                  "paste the token alone: pulumi config set --secret gpu-serving:hfToken")]
+    if key == "routerAdminKey" and not ROUTER_KEY.fullmatch(value):
+        return [SettingError(where, f"a {len(value):,}-character key; the router's admin key must be 16 to 256 of "
+                                    "A-Z a-z 0-9 . _ ~ + / = - (smg reads it inside 'id:name:role:key')",
+                             "e.g. pulumi config set --secret gpu-serving:routerAdminKey \"$(openssl rand -hex 32)\"")]
     return []
 
 
@@ -666,6 +670,53 @@ class BenchmarkSettings(Settings):
         return v
 
 
+# The router's versions gpu-serving has the pinned wheel set of (components/core/data/router/).
+ROUTER_VERSIONS = ("1.13.0",)
+# smg's --policy choices for a regular (not prefill/decode) fleet (`smg launch --help`).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "consistent_hashing", "prefix_hash")
+# What the admin key may hold: smg reads --control-plane-api-keys as 'id:name:role:key'.
+ROUTER_KEY = _rx(r"[A-Za-z0-9._~+/=-]{16,256}")
+
+
+class RouterSettings(Settings):
+    """gpu-serving:router: SGLang's router (PyPI ``smg``) in front of the fleet's servers."""
+
+    # The fleet entry (gpu-serving:hosts[].name) whose machine runs the router, or `host`: a
+    # machine of its own (any gpu-serving:host setting).
+    runs_on: Optional[Name] = None
+    host: Optional[HostSettings] = None
+    version: Literal[ROUTER_VERSIONS] = ROUTER_VERSIONS[-1]
+    port: int = Field(30080, ge=1, le=65535)
+    bind: _text(64, "IP address to bind", None, _bind) = "0.0.0.0"
+    # smg's Prometheus endpoint (it would take 0.0.0.0:29000 otherwise), bound like the router.
+    metrics_port: int = Field(29000, ge=1, le=65535)
+    policy: Literal[ROUTER_POLICIES] = "cache_aware"
+    venv_path: _text(MAX_PATH, "absolute path without spaces, quotes or shell characters",
+                     SAFE_PATH, _canonical, _not_system) = "/opt/gpu-serving/router"
+    # Local directory of the pinned wheels (default: the cache scripts/router-wheels fills).
+    wheelhouse: Optional[_text(MAX_PATH, "wheel directory", None, _wheelhouse)] = None
+    unit_name: _text(64, "unit name (letters, digits, . _ -)", UNIT_PREFIX) = "gpu-serving-router"
+    # How long the router may take to list every ready worker as healthy.
+    ready_timeout_seconds: float = Field(120, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _one_machine(self):
+        if (self.runs_on is None) == (self.host is None):
+            raise ValueError("set exactly one of runsOn (a gpu-serving:hosts entry's name) and host (a machine of its own)")
+        if self.port == self.metrics_port:
+            raise ValueError(f"port and metricsPort are both {self.port}: the router needs two ports, e.g. metricsPort 29000")
+        return self
+
+
+class RolloutSettings(Settings):
+    """gpu-serving:rollout: how a strategy switch rolls over a fleet behind the router."""
+
+    # Hosts out of the router at once.
+    max_unavailable: int = Field(1, ge=1, le=64)
+    # Longest wait for a removed host's requests in flight to finish before it is switched.
+    drain_timeout_seconds: float = Field(300, gt=0, le=7200)
+
+
 class StackSettings(BaseModel):
     """Everything one strategy stack declares."""
 
@@ -683,6 +734,9 @@ class StackSettings(BaseModel):
     benchmark: "BenchmarkSettings" = BenchmarkSettings()
     # gpu-serving:hosts, when the stack deploys to a fleet; empty for the one-host form.
     hosts: tuple[HostEntry, ...] = ()
+    # gpu-serving:router: None without a router (a fleet switches all at once).
+    router: Optional[RouterSettings] = None
+    rollout: RolloutSettings = RolloutSettings()
 
     @property
     def strategy_name(self) -> str:
@@ -705,13 +759,16 @@ SECTIONS = {
     "venv": VenvSettings,
     "readiness": ReadinessSettings,
     "benchmark": BenchmarkSettings,
+    "rollout": RolloutSettings,
 }
+# Sections that are off unless written.
+OPTIONAL_SECTIONS = {"router": RouterSettings}
 # Settings given as their own (secret) config keys rather than inside a section.
-SECRET_KEYS = ("sshPrivateKey", "hfToken")
+SECRET_KEYS = ("sshPrivateKey", "hfToken", "routerAdminKey")
 # A list of host objects: the fleet one stack deploys to (one engine run for all of them).
 HOSTS_KEY = "hosts"
 MAX_HOSTS = 64
-CONFIG_KEYS = (*SECTIONS, HOSTS_KEY)
+CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY)
 
 
 def _loc(section: str, loc: tuple) -> str:
@@ -726,7 +783,7 @@ def _loc(section: str, loc: tuple) -> str:
 
 def _suggest(section: str, key: str) -> str:
     import difflib
-    cls = HostEntry if section == HOSTS_KEY else SECTIONS[section]
+    cls = HostEntry if section == HOSTS_KEY else {**SECTIONS, **OPTIONAL_SECTIONS}[section]
     fields = [f.alias or n for n, f in cls.model_fields.items()]
     close = difflib.get_close_matches(key, fields, n=1) if len(key) <= MAX_NAME else []
     return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
@@ -764,9 +821,47 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
         except ValidationError as exc:
             errors += _validation_errors(section, exc)
     hosts = _parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
+    router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
-    return StackSettings(stack=stack, hosts=hosts, **sections)
+    return StackSettings(stack=stack, hosts=hosts, router=router, **sections)
+
+
+def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError]) -> Optional[RouterSettings]:
+    """gpu-serving:router, checked against the fleet it fronts."""
+    if raw is None:
+        return None
+    where = f"{NAMESPACE}:router"
+    if not isinstance(raw, dict):
+        errors.append(SettingError(where, f"must be an object of settings, got {type(raw).__name__}",
+                                   "e.g. {runsOn: gpu1, port: 30080}"))
+        return None
+    try:
+        router = RouterSettings.model_validate(raw)
+    except ValidationError as exc:
+        errors.extend(_validation_errors("router", exc))
+        return None
+    if not hosts:
+        errors.append(SettingError(where, "needs a fleet: the router fronts the servers of gpu-serving:hosts",
+                                   "list the machines under gpu-serving:hosts, or remove gpu-serving:router"))
+        return None
+    names = [h.name for h in hosts]
+    if router.runs_on is not None:
+        if router.runs_on not in names:
+            errors.append(SettingError(f"{where}.runsOn", f"{router.runs_on!r} is not a gpu-serving:hosts entry",
+                                       f"one of {', '.join(names)}, or host: a machine of its own"))
+            return None
+        port = getattr(serving, "port", None)
+        if port is not None and router.port == port:
+            errors.append(SettingError(f"{where}.port", f"{router.port} is serving.port, the port {router.runs_on}'s server listens on",
+                                       "another port, e.g. 30080"))
+    else:
+        mine = router.host.machine
+        for h in hosts:
+            if h.machine == mine and getattr(serving, "port", None) == router.port:
+                errors.append(SettingError(f"{where}.port", f"{router.port} is serving.port on {h.name}, the same machine",
+                                           "another port, e.g. 30080"))
+    return router
 
 
 def _validation_errors(section: str, exc: ValidationError, where=None) -> list[SettingError]:

@@ -390,8 +390,8 @@ def namespace_settings(raw: RawConfig, stack: str) -> tuple[dict[str, Any], list
             continue
         if secret:
             errors.append(SettingError(
-                where, "is set as a secret, but only gpu-serving:hfToken and gpu-serving:sshPrivateKey are read as "
-                "secrets: this setting goes into the unit, the state and the preview in clear text",
+                where, "is set as a secret, but only gpu-serving:hfToken, gpu-serving:sshPrivateKey and gpu-serving:routerAdminKey "
+                "are read as secrets: this setting goes into the unit, the state and the preview in clear text",
                 f"set it without --secret; a credential goes to {NAMESPACE}:hfToken"))
             continue
         if value is None or value == "":

@@ -41,6 +41,7 @@ from ..core.facts import (
     split_sections,
 )
 from . import identity, probe, ssh
+from . import router as router_roll
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
@@ -426,9 +427,23 @@ class ServiceProvider(ResourceProvider):
         with ssh.one_connection(t, f"the switch to {unit}"):
             lock = self._lock(t, props)
             try:
+                if props.get("router") and restart:
+                    return self._switch_behind_router(t, props, unit)
                 return self._switch(t, props, unit, restart)
             finally:
                 self._unlock(lock)
+
+    def _switch_behind_router(self, t: ssh.Target, props: dict, unit: str) -> dict:
+        """This host's turn in a rolling switch: out of the router and drained, the switch (which
+        rolls itself back when the new strategy fails), back in the router and healthy. A
+        failure stops the roll here: the hosts after it depend on this service."""
+        who = _who(props)
+        try:
+            with router_roll.membership(t, props, _progress, who):
+                return self._switch(t, props, unit, True)
+        except (DeployError, ssh.RemoteError) as exc:
+            raise DeployError(f"the roll stopped at {who.strip().rstrip(':') or t.label}: the hosts after it keep serving "
+                              f"their strategy.\n{exc}") from None
 
     def _managed(self, t: ssh.Target, unit: str) -> dict[str, dict[str, str]]:
         """The gpu-serving units the host has and their state, `unit` first (switch.py)."""

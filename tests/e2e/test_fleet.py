@@ -53,6 +53,8 @@ def test_switch_moves_every_host(fleet):
     lines: list[str] = []
     result = fleet.stack("ep8").up(on_output=lines.append)
     text = "\n".join(lines)
+    # Without a router the run says plainly that nothing serves during the switch (issue 16.4).
+    assert "no router (gpu-serving:router): every host stops at once: gpu1, gpu2 switch to ep8 together" in text, text[-4000:]
     # Every progress line and switch block names its fleet entry (issue 12.9).
     for name in fleet.hosts:
         assert f"hosts[{name}] switch: {UNIT.format('tp8')} (stack tp8) serves now" in text, text[-4000:]

@@ -5,7 +5,7 @@ Endpoints and shapes follow SGLang's entrypoints/http_server.py: /health and /he
 deprecated /get_server_info) = {**server_args, **scheduler_info, internal_states, version},
 /model_info (/get_model_info), /v1/models, POST /generate, POST /v1/chat/completions,
 POST /v1/completions (JSON content type required: 400 otherwise), GET /ping, /get_load and
-/metrics (with --enable-metrics). Generations are fake: deterministic words, one per token.
+/metrics (with --enable-metrics), both counting the requests being decoded now. Generations are fake: deterministic words, one per token.
 """
 from __future__ import annotations
 
@@ -164,7 +164,10 @@ class Handler(BaseHTTPRequestHandler):
             "max_model_len": e.args.context_length}]})
 
     def _load(self):
-        self._send(200, [{"dp_rank": r, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}
+        # SGLang's shape (one entry per DP rank); the requests being decoded now count on rank 0,
+        # so a drain (gpu-serving's rolling switch) sees the real number in flight.
+        running = self.engine.running
+        self._send(200, [{"dp_rank": r, "num_reqs": running if r == 0 else 0, "num_waiting_reqs": 0, "num_tokens": 0}
                          for r in range(self.engine.dp_ranks)])
 
     def _metrics(self):
@@ -174,7 +177,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         name = e.args.served_model_name
         text = (f'# HELP sglang:num_running_reqs The number of running requests.\n'
-                f'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name="{name}"}} 0.0\n'
+                f'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name="{name}"}} {float(e.running)}\n'
                 f'# HELP sglang:generation_requests_total Generation requests served (rehearsal).\n'
                 f'# TYPE sglang:generation_requests_total counter\n'
                 f'sglang:generation_requests_total{{model_name="{name}"}} {float(e.requests_served)}\n'

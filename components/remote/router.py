@@ -1,0 +1,291 @@
+"""Talking to SGLang's router (smg) and to a server being rolled: the admin API, called on the
+router's own host through its venv's python over SSH (the key goes on stdin, never on a command
+line), and the in-flight count of a server read on its host. The decisions are pure, in
+components/core/router.py.
+
+A host's place in a roll (`membership`): out of the router, drained, switched by the caller (the
+existing single-host switch), then back in the router and healthy, whatever the switch did.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from typing import Callable, Iterator, Optional
+
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
+
+from ..core import router as R
+from . import identity, ssh
+from .common import changed as _changed
+from .common import progress as _progress
+from .common import require_target as _require_target
+
+ADMIN_TIMEOUT = 30
+POLL_SECONDS = 0.5
+
+
+class RollError(ssh.RemoteError):
+    """A roll step failed; the message names the host."""
+
+
+class RouterAdmin:
+    """The admin API of the router on `t` (props: the `router` block a serving host is given)."""
+
+    def __init__(self, props: dict):
+        self.props = props
+        self.t = ssh.Target.from_props({"connection": props["connection"]})
+        self.base = R.local_url(props["bind"], int(props["port"]))
+        self.python = f"{props['venvPath']}/bin/python"
+        self.key = props["adminKey"]
+
+    def call(self, method: str, path: str, body: Optional[dict] = None) -> tuple[int, str]:
+        data = (self.key + "\n" + (json.dumps(body) if body is not None else "")).encode()
+        res = ssh.run(self.t, [self.python, "-c", R.HTTP_SCRIPT, method, self.base + path], input=data,
+                      purpose=f"router admin {method} {path}", timeout=ADMIN_TIMEOUT, check=False, secrets=[self.key])
+        if res.rc != 0:
+            return 0, ssh.redact((res.stderr or res.stdout).strip()[-300:], [self.key])
+        return R.parse_http(res.stdout)
+
+    def workers(self) -> list[R.Worker]:
+        status, body = self.call("GET", "/workers")
+        if status != 200:
+            raise ssh.RemoteError(f"the router on {self.t.label} did not list its workers (HTTP {status}): {body[:200]}")
+        return R.parse_workers(body)
+
+    def remove(self, url: str) -> None:
+        for w in self.workers():
+            if w.url == url:
+                status, body = self.call("DELETE", f"/workers/{w.id}")
+                if status not in (200, 202, 204, 404):
+                    raise ssh.RemoteError(f"the router refused to remove {url} (HTTP {status}): {body[:200]}")
+
+    def add(self, url: str, timeout: float) -> list[R.Worker]:
+        """Put `url` back and wait until the router routes to it. smg finishes a removal in the
+        background (the worker stays listed as draining a while): a worker added before that
+        is dropped with it, so the add waits for the old entry to go, and is made again if the
+        worker vanishes before it is healthy."""
+        deadline = time.monotonic() + timeout
+        posted = None
+        while True:
+            workers = self.workers()
+            mine = [w for w in workers if w.url == url]
+            if R.serving(mine):
+                return workers
+            now = time.monotonic()
+            if not mine and (posted is None or now - posted > 5):
+                status, body = self.call("POST", "/workers", {"url": url})
+                if status not in (200, 201, 202, 409):
+                    raise ssh.RemoteError(f"the router refused to add {url} (HTTP {status}): {body[:200]}")
+                posted = now
+            if now > deadline:
+                listed = ", ".join(f"{w.url} {w.status}" for w in workers) or "no worker"
+                raise ssh.RemoteError(f"the router does not report {url} healthy within {timeout:g} s (it lists {listed})")
+            time.sleep(POLL_SECONDS)
+
+    def wait(self, what: str, done: Callable[[list[R.Worker]], bool], timeout: float) -> list[R.Worker]:
+        deadline = time.monotonic() + timeout
+        while True:
+            workers = self.workers()
+            if done(workers):
+                return workers
+            if time.monotonic() > deadline:
+                listed = ", ".join(f"{w.url} {w.status}" for w in workers) or "no worker"
+                raise ssh.RemoteError(f"{what} within {timeout:g} s (the router lists {listed})")
+            time.sleep(POLL_SECONDS)
+
+
+def in_flight(t: ssh.Target, bind: str, port: int) -> Optional[int]:
+    """Requests running or waiting on the server of `t` (SGLang's /get_load, else /metrics)."""
+    for path, parse in (("/get_load", R.in_flight_from_load), ("/metrics", R.in_flight)):
+        res = ssh.run(t, ["python3", "-c", R.HTTP_SCRIPT, "GET", R.local_url(bind, port) + path], input=b"\n",
+                      purpose=f"reading {path}", timeout=ADMIN_TIMEOUT, check=False, read=True)
+        status, body = R.parse_http(res.stdout) if res.rc == 0 else (0, "")
+        if status == 200:
+            n = parse(body)
+            if n is not None:
+                return n
+    return None
+
+
+def drain(t: ssh.Target, bind: str, port: int, timeout: float, progress: Callable[[str], None], who: str) -> None:
+    """Wait until the server has no request in flight (bounded). A server that reports no load
+    at all (it is not running) has nothing to drain."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        n = in_flight(t, bind, port)
+        if not n:
+            return
+        if n != last:
+            progress(f"{who}waiting for {n} request(s) in flight to finish")
+            last = n
+        if time.monotonic() > deadline:
+            raise RollError(f"{t.label} still had {n} request(s) in flight {timeout:g} s after it left the router "
+                            "(gpu-serving:rollout.drainTimeoutSeconds)")
+        time.sleep(POLL_SECONDS)
+
+
+@contextlib.contextmanager
+def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> Iterator[None]:
+    """The host's turn in a roll around the caller's switch: out of the router, drained; then
+    (after the switch, or after its failure and rollback) back in and healthy. props["router"]:
+    connection, bind, port, venvPath, adminKey, workerUrl, drainTimeout, readyTimeout."""
+    r = props["router"]
+    admin = RouterAdmin(r)
+    url = r["workerUrl"]
+    progress(f"{who}roll: taking {url} out of the router")
+    admin.remove(url)
+    # smg keeps a removed worker listed as draining for a fixed delay; it routes nothing to it.
+    admin.wait(f"the router still routes to {url}", lambda ws: all(w.url != url for w in R.serving(ws)), 60)
+    failure: Optional[BaseException] = None
+    try:
+        drain(t, props["bind"], int(props["port"]), float(r.get("drainTimeout") or 300), progress, who)
+        progress(f"{who}roll: drained; switching")
+        yield
+    except BaseException as exc:
+        failure = exc
+        raise
+    finally:
+        # Back in the router whatever happened: after a failure the host serves its previous
+        # strategy again (the switch rolled it back), and the roll stops with the caller's error.
+        progress(f"{who}roll: putting {url} back in the router")
+        try:
+            admin.add(url, float(r.get("readyTimeout") or 120))
+            progress(f"{who}roll: {url} is back in the router and healthy")
+        except ssh.RemoteError as exc:
+            if failure is None:
+                raise RollError(f"{t.label} switched but is not back in the router: {exc}") from None
+            progress(f"{who}roll: {url} could not be put back in the router: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The router's service and its readiness (dynamic providers; pickled by this module path)
+
+def _admin_props(props: dict) -> dict:
+    return {k: props[k] for k in ("connection", "bind", "port", "venvPath", "adminKey")}
+
+
+@identity.guarded
+class RouterServiceProvider(ResourceProvider):
+    """The router's unit: enabled and active, restarted when its unit text changed, ready when
+    its admin API answers (it lists its workers). props: connection, unit, unitText, bind, port,
+    venvPath, adminKey. Outputs: active, enabled (read back: a stopped router is drift)."""
+
+    DIFFED = ["unit", "unitText", "bind", "port", "venvPath", "adminKey", "connection"]
+
+    def _state(self, t: ssh.Target, unit: str) -> dict[str, str]:
+        out = ssh.run(t, ["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--", unit],
+                      purpose=f"reading {unit}'s state", timeout=ADMIN_TIMEOUT, check=False, read=True).stdout
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    @staticmethod
+    def _marker(props: dict) -> tuple[str, bytes]:
+        """Where the router's start is recorded, and what it ran with (the unit text and the key's
+        hash): a router already running this declaration is not restarted, so a second strategy
+        stack, or an `up` that changes nothing of the router, never interrupts its requests."""
+        digest = hashlib.sha256(props["unitText"].encode() + b"\0" + hashlib.sha256(props["adminKey"].encode()).digest())
+        return f"/run/gpu-serving/{props['unit']}.started", digest.hexdigest().encode()
+
+    def _converge(self, props: dict) -> dict:
+        t = _require_target(props)
+        unit = props["unit"]
+        path, want = self._marker(props)
+        running = self._state(t, unit).get("ActiveState") == "active"
+        if running and ssh.read_file(t, path) == want:
+            _progress(f"router: {unit} runs as declared; not restarted")
+            state = self._state(t, unit)
+            return {**props, "active": True, "enabled": state.get("UnitFileState") == "enabled"}
+        ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+        ssh.run(t, ["systemctl", "enable", "--quiet", unit], purpose=f"enabling {unit}", timeout=60)
+        action = "restart" if running else "start"
+        _progress(f"router: {action} {unit}")
+        ssh.run(t, ["systemctl", action, unit], purpose=f"{action} {unit}", timeout=120)
+        ssh.run(t, ["mkdir", "-p", "/run/gpu-serving"], purpose="creating /run/gpu-serving", timeout=ADMIN_TIMEOUT)
+        ssh.write_file(t, path, want, 0o600)
+        admin = RouterAdmin(_admin_props(props))
+        deadline = time.monotonic() + 60
+        while True:
+            status, body = admin.call("GET", "/workers")
+            if status == 200:
+                break
+            if time.monotonic() > deadline or self._state(t, unit).get("ActiveState") == "failed":
+                journal = ssh.run(t, ["journalctl", "-u", unit, "-n", "20", "--no-pager", "-o", "cat"],
+                                  purpose=f"reading {unit}'s journal", timeout=ADMIN_TIMEOUT, check=False, read=True).stdout
+                raise ssh.RemoteError(f"the router {unit} on {t.label} does not answer its admin API (HTTP {status}: "
+                                      f"{body[:200]}).\nLast lines of journalctl -u {unit}:\n"
+                                      + ssh.redact(journal, [props["adminKey"]]))
+            time.sleep(POLL_SECONDS)
+        state = self._state(t, unit)
+        return {**props, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
+
+    def create(self, props):
+        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._converge(props))
+
+    def update(self, id, olds, news):
+        return UpdateResult(outs=self._converge(news))
+
+    def read(self, id, props):
+        state = self._state(_require_target(props), props["unit"])
+        outs = {**props, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
+        return ReadResult(id_=id, outs=outs, inputs={k: v for k, v in outs.items() if k not in ("active", "enabled")})
+
+    def diff(self, id, olds, news):
+        changed = _changed(olds, news, self.DIFFED)
+        if olds.get("active") is False or olds.get("enabled") is False:
+            changed.append("active")
+        return DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
+
+    def delete(self, id, props):
+        t = _require_target(props, stored=True)
+        ssh.run(t, ["systemctl", "disable", "--now", "--quiet", props["unit"]], purpose=f"stopping {props['unit']}",
+                timeout=120, check=False)
+
+
+@identity.guarded
+class RouterReadinessProvider(ResourceProvider):
+    """Ready when the router lists every declared worker as healthy and ready. props: connection,
+    bind, port, venvPath, adminKey, expected (worker URLs), names ({url: host name}),
+    timeoutSeconds. Outputs: status, reason, workers ([{host, url, status, strategy}])."""
+
+    DIFFED = ["expected", "port", "connection", "adminKey"]
+
+    def _check(self, props: dict, wait: bool) -> dict:
+        admin = RouterAdmin(_admin_props(props))
+        expected = list(props["expected"])
+        deadline = time.monotonic() + (float(props.get("timeoutSeconds") or 120) if wait else 0)
+        while True:
+            try:
+                workers, error = admin.workers(), ""
+            except (ssh.RemoteError, ValueError) as exc:
+                workers, error = None, str(exc)
+            verdict = R.judge_router(expected, workers, error)
+            if verdict.ready or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_SECONDS)
+        names = props.get("names") or {}
+        listed = [{"host": names.get(w.url, ""), "url": w.url, "status": w.status if w.healthy else f"{w.status} (unhealthy)",
+                   "strategy": w.strategy} for w in workers or []]
+        if wait and not verdict.ready:
+            raise ssh.RemoteError(f"router readiness: {verdict.reason}")
+        return {**props, "status": "ready" if verdict.ready else "not ready", "reason": verdict.reason, "workers": listed}
+
+    def create(self, props):
+        return CreateResult(id_=f"{props['connection']['host']}:{props['port']}:router", outs=self._check(props, wait=True))
+
+    def update(self, id, olds, news):
+        return UpdateResult(outs=self._check(news, wait=True))
+
+    def read(self, id, props):
+        outs = self._check(props, wait=False)
+        return ReadResult(id_=id, outs=outs, inputs={k: v for k, v in outs.items() if k not in ("status", "reason", "workers")})
+
+    def diff(self, id, olds, news):
+        changed = _changed(olds, news, self.DIFFED)
+        if olds.get("status") != "ready":
+            changed.append("status")
+        return DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
+
+    def delete(self, id, props):
+        """Nothing: a check."""

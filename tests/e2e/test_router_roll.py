@@ -1,0 +1,196 @@
+"""A fleet behind SGLang's real router (smg 1.13.0, installed offline from the pinned wheels):
+three rehearsal hosts, the real Pulumi engine, a bounded load generator sending requests only to
+the router's address on a rehearsal host. Measured, not assumed: zero failed requests through a
+rolling switch, at least N-1 hosts in the router at every sample, every host in the new layout at
+the end; then a strategy whose engine crashes while loading: the first host of the roll is rolled
+back and put back in the router, the roll stops there, the other hosts are untouched, and still
+no request fails.
+
+The rehearsal hosts live in network namespaces that reach only this machine; here each test
+host's namespace gets a route to the rehearsal range and its own veth forwards (per interface,
+nothing else on this machine forwards), so the router on gpu1 reaches the servers on gpu2 and
+gpu3. Traffic stays inside 10.213.0.0/16 (the range ends on this machine)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from pulumi import automation as auto
+
+from tests.pulumi_env import REPO
+
+from .conftest import make_deployment
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+KEY = "e2e-router-admin-key-0123456789abcdef"
+ROUTER_PORT = 30080
+CLIENTS = 4
+MAX_REQUESTS = 4000   # the bound: the generator stops there even if the switch is still running
+
+
+def link(hosts) -> None:
+    """Route between the test hosts (see the module's docstring); undone when they go down."""
+    for h in hosts:
+        root_side = h.address.rsplit(".", 1)[0] + ".1"
+        subprocess.run(["ip", "-n", f"gsr-{h.name}", "route", "replace", "10.213.0.0/16", "via", root_side], check=True)
+        subprocess.run(["sysctl", "-q", "-w", f"net.ipv4.conf.gsr-{h.name}.forwarding=1"], check=True)
+
+
+def opener():
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never a proxy
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, rehearsal_host_factory):
+    done = subprocess.run([str(REPO / "scripts" / "router-wheels")], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    hosts = [rehearsal_host_factory() for _ in range(3)]
+    link(hosts)
+    d = make_deployment(tmp_path_factory.mktemp("router-roll"), hosts[0])
+
+    def behind_router(config):
+        config["gpu-serving:hosts"] = {"value": [{"name": f"gpu{i + 1}", "rehearsal": h.name} for i, h in enumerate(hosts)]}
+        config["gpu-serving:router"] = {"value": {"runsOn": "gpu1", "port": ROUTER_PORT, "policy": "round_robin",
+                                                  "readyTimeoutSeconds": 90}}
+        config["gpu-serving:rollout"] = {"value": {"maxUnavailable": 1, "drainTimeoutSeconds": 60}}
+    d.edit_project(behind_router)
+    d.hosts = {f"gpu{i + 1}": h for i, h in enumerate(hosts)}
+    d.router_url = f"http://{hosts[0].address}:{ROUTER_PORT}"
+    return d
+
+
+def stack(fleet, name):
+    s = fleet.stack(name)
+    s.set_config("gpu-serving:routerAdminKey", auto.ConfigValue(KEY, secret=True))
+    return s
+
+
+def router_workers(fleet) -> list[dict]:
+    req = urllib.request.Request(fleet.router_url + "/workers", headers={"Authorization": f"Bearer {KEY}"})
+    with opener().open(req, timeout=5) as r:
+        return json.load(r)["workers"]
+
+
+class Load:
+    """CLIENTS clients sending requests to the router, one after the other each, until stopped or
+    MAX_REQUESTS in all; and a sampler of the router's worker list."""
+
+    def __init__(self, fleet):
+        self.fleet = fleet
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.ok = 0
+        self.failed: list[str] = []
+        self.samples: list[int] = []
+        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(CLIENTS)]
+        self.threads.append(threading.Thread(target=self.sample, daemon=True))
+
+    def client(self):
+        body = json.dumps({"model": "kimi-k2.6", "prompt": "hello router", "max_tokens": 16}).encode()
+        while not self.stop.is_set():
+            with self.lock:
+                if self.ok + len(self.failed) >= MAX_REQUESTS:
+                    return
+            req = urllib.request.Request(self.fleet.router_url + "/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with opener().open(req, timeout=60) as r:
+                    answer = json.load(r)
+                    good = r.status == 200 and answer["choices"][0]["text"]
+                with self.lock:
+                    if good:
+                        self.ok += 1
+                    else:
+                        self.failed.append(f"HTTP {r.status}: {answer}")
+            except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+                with self.lock:
+                    self.failed.append(f"{type(exc).__name__}: {exc}")
+
+    def sample(self):
+        while not self.stop.is_set():
+            try:
+                ws = router_workers(self.fleet)
+                self.samples.append(sum(1 for w in ws if w["is_healthy"] and w["status"] == "ready"))
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                self.failed.append(f"sampling the router: {exc}")
+            time.sleep(0.2)
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(2)  # requests keep flowing after the switch, too
+        self.stop.set()
+        for t in self.threads:
+            t.join(90)
+
+
+def test_up_deploys_the_router_in_front_of_every_host(fleet):
+    lines: list[str] = []
+    result = stack(fleet, "tp8").up(on_output=lines.append)
+    router = result.outputs["router"].value
+    assert router["status"] == "ready", router
+    assert router["url"] == fleet.router_url
+    assert sorted((w["host"], w["strategy"]) for w in router["workers"]) == [
+        ("gpu1", "tp8 pp1 dp1"), ("gpu2", "tp8 pp1 dp1"), ("gpu3", "tp8 pp1 dp1")]
+    assert fleet.hosts["gpu1"].run("systemctl is-active gpu-serving-router").stdout.strip() == "active"
+    # The key is in the 0600 environment file only, never in the unit or the outputs.
+    assert KEY not in fleet.hosts["gpu1"].run("cat /etc/systemd/system/gpu-serving-router.service").stdout
+    assert fleet.hosts["gpu1"].run("stat -c %a /etc/gpu-serving/gpu-serving-router.env").stdout.strip() == "600"
+    assert KEY not in json.dumps({k: v.value for k, v in result.outputs.items() if not v.secret})
+
+
+def test_rolling_switch_drops_no_request_and_keeps_n_minus_one_serving(fleet):
+    preview: list[str] = []
+    stack(fleet, "pp8").preview(on_output=preview.append)
+    assert "switch in this order: rolling switch to pp8 behind the router" in "\n".join(preview)
+    assert "[gpu1] -> [gpu2] -> [gpu3]" in "\n".join(preview)
+    started = time.monotonic()
+    lines: list[str] = []
+    with Load(fleet) as load:
+        result = stack(fleet, "pp8").up(on_output=lines.append)
+    seconds = time.monotonic() - started
+    text = "\n".join(lines)
+    print(f"fleet switch with router: {seconds:.1f} s, {load.ok} requests served, {len(load.failed)} failed, "
+          f"{len(load.samples)} samples, fewest serving {min(load.samples)}")
+    assert load.failed == [], load.failed[:10]
+    assert load.ok > 50
+    assert len(load.samples) > 20 and min(load.samples) >= 2, load.samples
+    for name in ("gpu1", "gpu2", "gpu3"):
+        assert f"hosts[{name}]: roll: taking" in text and f"hosts[{name}]: roll: http" in text, text[-3000:]
+        assert result.outputs["readiness"].value[name]["layout"]["pp_size"] == 8
+    router = result.outputs["router"].value
+    assert router["status"] == "ready"
+    assert sorted(w["strategy"] for w in router["workers"]) == ["tp1 pp8 dp1"] * 3
+    # One at a time: each host left the router only after the one before was back.
+    order = [text.index(f"hosts[{n}]: roll: taking") for n in ("gpu1", "gpu2", "gpu3")]
+    backs = [text.index(f"hosts[{n}]: roll: http") for n in ("gpu1", "gpu2")]
+    assert order[0] < backs[0] < order[1] < backs[1] < order[2]
+
+
+def test_a_crash_rolls_that_host_back_puts_it_back_and_stops_the_roll(fleet):
+    fleet.write_fault_stack("crash", "crash_during_load")
+    lines: list[str] = []
+    with Load(fleet) as load:
+        with pytest.raises(auto.CommandError):
+            stack(fleet, "crash").up(on_output=lines.append)
+    text = "\n".join(lines)
+    assert "the roll stopped at hosts[gpu1]" in text, text[-4000:]
+    assert "Rolled back: restarted sglang-kimi-k2.6-pp8.service" in text, text[-4000:]
+    assert load.failed == [], load.failed[:10]
+    assert min(load.samples) >= 2, load.samples
+    # gpu1 serves its previous strategy again, back in the router; gpu2 and gpu3 were never touched.
+    workers = router_workers(fleet)
+    assert len(workers) == 3 and all(w["is_healthy"] and w["status"] == "ready" for w in workers), workers
+    for name, h in fleet.hosts.items():
+        assert h.run("systemctl is-active sglang-kimi-k2.6-pp8.service").stdout.strip() == "active", name
+        if name != "gpu1":
+            assert "hosts[%s]: roll: taking" % name not in text

@@ -1,0 +1,112 @@
+"""The router's pure parts (components/core/router.py) on data files under tests/data/router/:
+the pinned wheel set, the unit (golden file), GET /workers as smg 1.13.0 answers it, the readiness
+verdict, in-flight requests from SGLang's /metrics, and the roll order."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components.core import router as R
+from components.core.config import ROUTER_VERSIONS, parse_settings
+from components.core.errors import ConfigError
+
+DATA = Path(__file__).parent / "data" / "router"
+
+
+def test_every_offered_version_has_its_pinned_wheels():
+    assert R.pinned_versions() == sorted(ROUTER_VERSIONS)
+    for version in ROUTER_VERSIONS:
+        specs = R.pins(version)
+        assert specs[0] == f"smg=={version}"
+        assert all("==" in s for s in specs) and len({s.split("==")[0].lower() for s in specs}) == len(specs)
+
+
+def test_unknown_version_names_the_setting():
+    with pytest.raises(ConfigError) as exc:
+        R.pins("0.0.1")
+    assert exc.value.errors[0].setting == "gpu-serving:router.version"
+
+
+@pytest.mark.parametrize("case", sorted(DATA.glob("unit-*.yaml")), ids=lambda p: p.stem)
+def test_router_unit_matches_its_golden_file(case):
+    doc = yaml.safe_load(case.read_text())
+    settings = parse_settings("tp8", {**doc["config"], "strategy": {"tpSize": 8}})
+    text = R.render_unit(settings, doc["workers"])
+    golden = case.with_suffix(".service")
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(text)
+    assert text == golden.read_text()
+    # The key is never in the unit: only the variable systemd fills from the 0600 file.
+    assert "${%s}" % R.KEY_VARIABLE in text and "admin:" not in text
+    assert R.MARKER_KEY + "=gpu-serving-router" in text and "X-GpuServing-Stack" not in text
+    # Every strategy stack renders the same router unit.
+    other = parse_settings("pp8", {**doc["config"], "strategy": {"ppSize": 8}})
+    assert R.render_unit(other, doc["workers"]) == text
+
+
+def test_environment_file_holds_the_key_entry_and_refuses_a_bad_key_without_quoting_it():
+    key = "k" * 32
+    assert R.render_environment(key).splitlines()[-1] == f"{R.KEY_VARIABLE}=gpu-serving:gpu-serving:admin:{key}"
+    for bad in ("short", "a" * 20 + ":b", "a" * 20 + "\nX=1", "a" * 20 + " b"):
+        with pytest.raises(ConfigError) as exc:
+            R.render_environment(bad)
+        assert bad not in str(exc.value) and exc.value.errors[0].setting == "gpu-serving:routerAdminKey"
+
+
+@pytest.mark.parametrize("case", sorted(DATA.glob("workers-*.json")), ids=lambda p: p.stem)
+def test_workers_answer_and_readiness(case):
+    doc = json.loads(case.read_text())
+    workers = R.parse_workers(json.dumps(doc["answer"]))
+    assert [[w.url, w.status, w.healthy, w.load, w.strategy] for w in workers] == doc["workers"]
+    verdict = R.judge_router(doc["expected"], workers)
+    assert verdict.ready is doc["ready"]
+    assert doc["reason"] in verdict.reason
+
+
+def test_a_router_that_does_not_answer_is_not_ready():
+    verdict = R.judge_router(["http://a:1"], None, "connection refused")
+    assert not verdict.ready and "connection refused" in verdict.reason
+    with pytest.raises(ValueError):
+        R.parse_workers('{"error": "Missing or invalid Authorization header"}')
+
+
+def test_in_flight_sums_running_and_queued_over_ranks():
+    assert R.in_flight((DATA / "metrics-sglang-two-ranks.txt").read_text()) == 6
+    assert R.in_flight("# HELP x\nother_metric 3\n") is None
+    assert R.in_flight('sglang:num_running_reqs{model_name="m"} 0.0\n') == 0
+
+
+@pytest.mark.parametrize("case", yaml.safe_load((DATA / "roll-cases.yaml").read_text()), ids=lambda c: c["why"])
+def test_roll_order(case):
+    roll = R.plan_roll(case["hosts"], case["current"], case["target"], max_unavailable=case["maxUnavailable"],
+                       router=case["router"])
+    assert [list(b) for b in roll.batches] == case["batches"]
+    assert list(roll.unchanged) == case["unchanged"]
+    assert case["describe"] in roll.describe(case["target"], case["maxUnavailable"], "http://r:30080")
+
+
+def test_failure_message_names_the_host_and_what_each_host_runs():
+    state = R.RollState(switched=["gpu1"], failed="gpu2", reason="the server crashed while loading",
+                        not_started=["gpu3"])
+    text = state.message("pp8", {"gpu2": "tp8"})
+    assert "stopped at host gpu2" in text and "rolled back to tp8" in text
+    assert "already switched: gpu1" in text and "gpu3 not switched" in text
+
+
+def test_in_flight_from_get_load_sums_every_dp_rank():
+    assert R.in_flight_from_load((DATA / "get-load-sglang-dp2.json").read_text()) == 6
+    assert R.in_flight_from_load('[{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]') == 0
+    assert R.in_flight_from_load('{"detail": "Not Found"}') is None
+    assert R.in_flight_from_load("not json") is None
+
+
+def test_local_url_and_http_answer():
+    assert R.local_url("0.0.0.0", 30001) == "http://127.0.0.1:30001"
+    assert R.local_url("::", 1) == "http://[::1]:1"
+    assert R.local_url("10.0.0.5", 2) == "http://10.0.0.5:2"
+    assert R.parse_http('202\n{"status":"accepted"}') == (202, '{"status":"accepted"}')
+    assert R.parse_http("0\nConnectionRefusedError: [Errno 111]")[0] == 0
