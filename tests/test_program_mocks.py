@@ -122,20 +122,27 @@ def test_fleet_with_one_unfit_host_registers_nothing(monkeypatch):
     assert not [t for t, _, _ in rec.resources if t.startswith(("gpu-serving:", "pulumi-python:"))]
 
 
+def record_registrations(monkeypatch, field: str) -> list[tuple]:
+    """(type, name, list of the request's `field`) for every resource the program registers
+    with the mock monitor, in order (field: "aliases", "dependencies", ...)."""
+    registered: list[tuple] = []
+    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
+
+    def recording(self, request):
+        registered.append((request.type, request.name, list(getattr(request, field))))
+        return original(self, request)
+
+    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    return registered
+
+
 def test_each_dynamic_resource_has_its_own_type_token_and_an_alias_to_the_previous_one(monkeypatch):
     """A preview names the kind of thing that changes (`...:SystemdService  service`), and a
     stack deployed with the previous token is taken over in place: the alias names only the
     old type, so the engine keeps the resource's name and parent (the parent's type is part of
     the URN) when it looks up the old URN."""
     monkeypatch.chdir(ROOT)
-    registered = []
-    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
-
-    def recording(self, request):
-        registered.append((request.type, request.name, list(request.aliases)))
-        return original(self, request)
-
-    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    registered = record_registrations(monkeypatch, "aliases")
     run_program("ep8", stack_config("ep8"))
     dynamic = {name: typ for typ, name, _ in registered if typ.startswith("pulumi-python:")}
     assert dynamic == {name: DYNAMIC + token for name, token in TOKENS.items()}
@@ -168,14 +175,7 @@ def test_benchmark_on_deploy_registers_one_benchmark_after_readiness(monkeypatch
     given the stack's benchmark spec, the unit's hash and the readiness verdict; the stack
     output `benchmark` is its summary. Off (the default): none, and no output."""
     monkeypatch.chdir(ROOT)
-    registered = []
-    original = pulumi.runtime.mocks.MockMonitor.RegisterResource
-
-    def recording(self, request):
-        registered.append((request.type, request.name, list(request.dependencies)))
-        return original(self, request)
-
-    monkeypatch.setattr(pulumi.runtime.mocks.MockMonitor, "RegisterResource", recording)
+    registered = record_registrations(monkeypatch, "dependencies")
     config = stack_config("pp8")
     bench = {**json.loads(config["gpu-serving:benchmark"]), "onDeploy": True, "concurrency": [1, 4]}
     config["gpu-serving:benchmark"] = json.dumps(bench)
