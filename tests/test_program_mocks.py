@@ -165,8 +165,8 @@ def test_every_dynamic_resource_class_names_its_token():
 
     classes = [c for c in Resource.__subclasses__() if c.__module__.startswith("components.")]
     tokens = {f"pulumi-python:{c._resource_type_name}": c.__qualname__ for c in classes}
-    assert len(classes) == 9, classes
-    assert len(tokens) == 9 and PREVIOUS_TYPE not in tokens, tokens
+    assert len(classes) == 11, classes
+    assert len(tokens) == 11 and PREVIOUS_TYPE not in tokens, tokens
     assert all(t.startswith(DYNAMIC) for t in tokens), tokens
 
 
@@ -206,3 +206,24 @@ def test_benchmark_on_deploy_in_a_fleet_measures_the_first_host(monkeypatch):
     rec = run_program("ep8", config)
     benches = {n: inputs for t, n, inputs in rec.resources if t == DYNAMIC + "Benchmark"}
     assert list(benches) == ["gpu1-benchmark"] and benches["gpu1-benchmark"]["hostEntry"] == "gpu1"
+
+
+def test_multi_node_registers_files_per_node_one_service_for_all_after_the_rendezvous_check(monkeypatch):
+    """Pulumi.tp16x2.yaml: each node's facts and files; one MultiNodeService over both ranks,
+    after every file; the files after the check that node1 reaches rank 0; readiness on rank 0."""
+    monkeypatch.chdir(ROOT)
+    deps = record_registrations(monkeypatch, "dependencies")
+    rec = run_program("tp16x2", stack_config("tp16x2"))
+    names = {n: inputs for t, n, inputs in rec.resources}
+    for node in ("node0", "node1"):
+        assert f"{node}-facts" in names and f"{node}-unit-file" in names and f"{node}-environment-file" in names
+    assert names["node1-facts"]["expect"]["neededGpus"] == 8
+    units = [names[f"node{k}-unit-file"]["content"] for k in (0, 1)]
+    assert "--node-rank 0" in units[0] and "--node-rank 1" in units[1]
+    service = names["tp16x2-service"]
+    ranks = service["ranks"]["value"] if isinstance(service["ranks"], dict) else service["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and service["declared"]["tp_size"] == 16
+    assert "service" not in names and "node1-readiness" not in names and "node0-readiness" in names
+    urns = {n: d for t, n, d in deps}
+    assert any(d.endswith("tp16x2-rendezvous") for d in urns["node1-unit-file"])
+    assert {d.rsplit("::", 1)[1] for d in urns["tp16x2-service"]} >= {"node0-unit-file", "node1-unit-file"}
