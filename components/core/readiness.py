@@ -395,16 +395,17 @@ class RankState:
 def judge_ranks(rank0_status: str, rank0_reason: str, ranks: list[RankState]) -> tuple[str, str, Optional[int]]:
     """The layout's verdict from rank 0's and the other ranks' states: (status, reason, the rank
     whose journal explains it, or None for rank 0's). Rank 0 ready and every rank as it started:
-    ready. A rank that failed or restarted: crashed_during_load, naming it. Rank 0 still waiting
-    at the deadline with every rank running: the ranks whose journal shows no join did not join."""
+    ready. Rank 0 not ready and a rank whose journal shows no join: timed_out, "rank k on <host>
+    did not join". A rank that joined, then failed or restarted: crashed_during_load, naming it."""
+    missing = [r for r in ranks if not r.joined]
+    if rank0_status != READY and missing:
+        # Rank 0 cannot be ready without every rank: the ones that never joined are the cause,
+        # whether they still wait or gave up (then their unit's state is said too).
+        names = "; ".join(f"rank {r.rank} on {r.host} did not join" + (f" ({r.problem})" if r.problem else "") for r in missing)
+        return TIMED_OUT, f"{names}; rank 0: {rank0_status}" + (f" ({rank0_reason})" if rank0_reason else ""), missing[0].rank
     broken = [r for r in ranks if r.problem]
     if broken:
         r = broken[0]
         return CRASHED, f"rank {r.rank} on {r.host}: {r.problem}" + (
             f"; rank 0: {rank0_status}" + (f" ({rank0_reason})" if rank0_reason else "") if rank0_status != READY else ""), r.rank
-    if rank0_status == TIMED_OUT:
-        missing = [r for r in ranks if not r.joined]
-        if missing:
-            names = "; ".join(f"rank {r.rank} on {r.host} did not join" for r in missing)
-            return TIMED_OUT, f"{names} (rank 0 waited: {rank0_reason})", missing[0].rank
     return rank0_status, rank0_reason, None
