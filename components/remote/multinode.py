@@ -41,7 +41,8 @@ REACH_SCRIPT = (
 
 
 def _node_label(node: dict) -> str:
-    return f"{node['name']} (rank {node['rank']})"
+    # Numbers come back from the engine as floats (1.0): written as the integers they are.
+    return f"{node['name']} (rank {int(node['rank'])})"
 
 
 @identity.guarded
@@ -53,17 +54,17 @@ class RendezvousCheckProvider(ResourceProvider):
     def _check_all(self, props: dict) -> None:
         problems = []
         for node in props["nodes"]:
-            if node["rank"] == 0:
+            if int(node["rank"]) == 0:
                 continue
             t = _require_target({**props, "connection": node["connection"]})
-            out = ssh.run(t, ["sh", "-c", REACH_SCRIPT, "sh", props["address"], str(props["sshPort"])],
+            out = ssh.run(t, ["sh", "-c", REACH_SCRIPT, "sh", props["address"], str(int(props["sshPort"]))],
                           purpose=f"checking that {node['name']} reaches rank 0", timeout=30, check=False, read=True)
             if out.rc != 0:
                 problems.append(f"{_node_label(node)} cannot reach rank 0 ({props['nodes'][0]['name']}) at {props['address']}: "
                                 f"{(out.stdout or out.stderr).strip()[-300:]}")
         if problems:
             raise DeployError("multi-node rendezvous: " + "; ".join(problems) + f". The ranks meet at {props['address']}:"
-                              f"{props['port']} (strategy.distInitPort); nothing was changed on any node.")
+                              f"{int(props['port'])} (strategy.distInitPort); nothing was changed on any node.")
 
     def create(self, props):
         self._check_all(props)
