@@ -8,7 +8,7 @@ import pulumi
 
 from .core.plan import ServingPlan, declared_layout
 from .gpu_host import GpuHost
-from .resources import Readiness
+from .resources import FailedSwitch, Readiness
 from .serving_unit import ServingUnit
 
 
@@ -37,5 +37,15 @@ class ReadinessCheck(pulumi.ComponentResource):
         self.report = pulumi.Output.all(
             status=r.status, unit=plan.unit.name, url=r.url, probe=r.probe, seconds_to_ready=r.seconds_to_ready,
             checked_at=r.checked_at, checked_by=r.checked_by, layout=r.layout, model=r.model, served_model_name=r.served_model_name,
-            version=r.version, mismatches=r.mismatches, reason=r.reason)
+            version=r.version, mismatches=r.mismatches, reason=r.reason, rollback=r.rollback)
         self.register_outputs({"report": self.report})
+        # A switch whose rollback failed too leaves nothing serving. The service records it
+        # rather than failing (a failed resource keeps its old outputs, and so would the stack's
+        # `readiness`); the run fails here, after the readiness resource has recorded it, so
+        # the outputs say "rollback failed" as the run's error does. Only in an update: a
+        # preview knows nothing of it yet.
+        unit.service.switchFailure.apply(lambda message: self._fail_run(prefix, message))
+
+    def _fail_run(self, prefix: str, message: Optional[str]) -> None:
+        if message and not pulumi.runtime.is_dry_run():
+            FailedSwitch(f"{prefix}switch-failed", message, pulumi.ResourceOptions(parent=self, depends_on=[self.resource]))

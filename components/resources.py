@@ -58,11 +58,14 @@ class Service(Resource, module=MODULE, name="SystemdService"):
     enabled: pulumi.Output[bool]
     previous: pulumi.Output[Optional[str]]
     readinessReport: pulumi.Output[Optional[dict]]
+    # Set when the last switch failed and so did its rollback: the message the run fails with.
+    switchFailure: pulumi.Output[Optional[str]]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(providers.ServiceProvider(), name,
                          {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
-                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None},
+                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None,
+                          "switchFailure": None},
                          dynamic_options(opts, ["connection", "router"]))
 
 
@@ -73,11 +76,13 @@ class MultiNodeService(Resource, module=MODULE, name="MultiNodeService"):
     enabled: pulumi.Output[bool]
     previous: pulumi.Output[Optional[str]]
     readinessReport: pulumi.Output[Optional[dict]]
+    # As Service's: set when the last switch failed and so did its rollback on some node.
+    switchFailure: pulumi.Output[Optional[str]]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(multinode.MultiNodeServiceProvider(), name,
                          {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
-                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None},
+                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None, "switchFailure": None},
                          pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                              additional_secret_outputs=["connection", "ranks"])))
 
@@ -95,8 +100,15 @@ class Readiness(Resource, module=MODULE, name="Readiness"):
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "checked_by", "layout",
-                                  "model", "served_model_name", "version", "mismatches", "reason")}
+                                  "model", "served_model_name", "version", "mismatches", "reason", "rollback")}
         super().__init__(providers.ReadinessProvider(), name, {**props, **outs}, dynamic_options(opts, ["connection"]))
+
+
+class FailedSwitch(Resource, module=MODULE, name="FailedSwitch"):
+    """Fails the run with `message` (a switch whose rollback failed); never created."""
+
+    def __init__(self, name: str, message: Any, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(providers.FailedSwitchProvider(), name, {"message": message}, opts)
 
 
 class Benchmark(Resource, module=MODULE, name="Benchmark"):

@@ -143,6 +143,19 @@ def network_up(name: str, index: int) -> None:
     run(["ip", "-n", ns, "addr", "replace", f"{addr}/24", "dev", "host0"])
     run(["ip", "-n", ns, "link", "set", "host0", "up"])
     run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    link_to_range(name, index)
+
+
+def link_to_range(name: str, index: int) -> None:
+    """Rehearsal hosts reach each other (a router in front of a fleet, the ranks of a
+    multi-node layout), as machines of one cluster do: the host routes the range through this
+    machine, whose side of the host's veth forwards. Forwarding is switched on for this veth
+    only (the input device decides), so nothing else on this machine starts forwarding, and the
+    host has no default route: its traffic stays in the range, whose addresses without a host
+    end here (`isolate_range`)."""
+    gw, _ = subnet(index)
+    run(["ip", "-n", netns_name(name), "route", "replace", str(RANGE), "via", gw, "dev", "host0"])
+    Path(f"/proc/sys/net/ipv4/conf/{veth_name(name)}/forwarding").write_text("1\n")
 
 
 def network_down(name: str) -> None:

@@ -165,8 +165,8 @@ def test_every_dynamic_resource_class_names_its_token():
 
     classes = [c for c in Resource.__subclasses__() if c.__module__.startswith("components.")]
     tokens = {f"pulumi-python:{c._resource_type_name}": c.__qualname__ for c in classes}
-    assert len(classes) == 11, classes
-    assert len(tokens) == 11 and PREVIOUS_TYPE not in tokens, tokens
+    assert len(classes) == 12, classes
+    assert len(tokens) == 12 and PREVIOUS_TYPE not in tokens, tokens
     assert all(t.startswith(DYNAMIC) for t in tokens), tokens
 
 
@@ -227,3 +227,44 @@ def test_multi_node_registers_files_per_node_one_service_for_all_after_the_rende
     urns = {n: d for t, n, d in deps}
     assert any(d.endswith("tp16x2-rendezvous") for d in urns["node1-unit-file"])
     assert {d.rsplit("::", 1)[1] for d in urns["tp16x2-service"]} >= {"node0-unit-file", "node1-unit-file"}
+
+
+class FailedRollbackRecorder(Recorder):
+    """The service reports a switch whose rollback failed (what ServiceProvider records)."""
+    MESSAGE = "readiness: crashed: exit 1\nrollback failed: nothing serves on rehearsal host: sglang-ep8.service did not come back"
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        name, outs = super().new_resource(args)
+        if args.typ == DYNAMIC + "SystemdService":
+            outs = {**outs, "switchFailure": self.MESSAGE}
+        return name, outs
+
+
+@pytest.mark.parametrize("preview", [False, True])
+def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatch, preview):
+    """RollbackFailed: the service records the failure instead of failing, so the readiness
+    resource and the stack outputs can say so; a FailedSwitch (its own token, never in a state)
+    is registered after the readiness resource, carrying the message, and only in an update."""
+    monkeypatch.chdir(ROOT)
+    registered = record_registrations(monkeypatch, "dependencies")
+    rec = FailedRollbackRecorder()
+    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack="pp8", preview=preview)
+    pulumi.runtime.set_all_config(stack_config("pp8"))
+    from components.program import run
+
+    @pulumi.runtime.test
+    def check():
+        run()
+        return pulumi.Output.from_input(True).apply(lambda _: None)
+
+    check()
+    failed = [(t, n, deps) for t, n, deps in registered if t == DYNAMIC + "FailedSwitch"]
+    if preview:
+        assert failed == []
+        return
+    (typ, name, deps), = failed
+    assert name == "switch-failed"
+    readiness_urn = next(u for u in deps if u.endswith("::readiness"))
+    assert DYNAMIC + "Readiness" in readiness_urn
+    inputs = next(i for t, n, i in rec.resources if t == typ)
+    assert inputs["message"] == FailedRollbackRecorder.MESSAGE

@@ -29,7 +29,7 @@ from . import identity, probe, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
-from .providers import DeployError, ServiceProvider, _named, _secrets, _take_replaced
+from .providers import ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _named, _secrets, _take_replaced
 
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.
 REACH_SCRIPT = (
@@ -166,7 +166,7 @@ class MultiNodeServiceProvider(ServiceProvider):
                 verb = plans[k].starts.action if plans[k].starts else "restart"
                 started[k] = probe.start(targets[k], unit, verb)
         except ssh.RemoteError as exc:
-            self._fail_all(targets, nodes, plans, props, R.CRASHED, str(exc), None, started)
+            self._fail_all(targets, nodes, plans, props, R.CRASHED, str(exc), None, started, None)
         since0, base0 = started[0]
         report = probe.wait_ready(targets[0], unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                   settings=props.get("readiness") or {}, since=since0, baseline=base0,
@@ -181,10 +181,11 @@ class MultiNodeServiceProvider(ServiceProvider):
         status, reason, culprit = R.judge_ranks(report.status, report.reason, ranks)
         report = dataclasses.replace(report, status=status, reason=reason)
         if status != R.READY:
-            self._fail_all(targets, nodes, plans, props, status, reason, culprit, started)
+            self._fail_all(targets, nodes, plans, props, status, reason, culprit, started, report)
         return report.as_dict()
 
-    def _fail_all(self, targets, nodes, plans, props, status: str, reason: str, culprit: Optional[int], started: dict):
+    def _fail_all(self, targets, nodes, plans, props, status: str, reason: str, culprit: Optional[int], started: dict,
+                  report: Optional[R.Report]):
         """The layout did not come up: the journal of the rank that explains it (rank 0's
         otherwise), then every node's plan.on_failure, the new units down everywhere before
         anything that served before starts again."""
@@ -210,7 +211,7 @@ class MultiNodeServiceProvider(ServiceProvider):
                 try:
                     begun[i] = probe.start(targets[i], back[i], "start")
                 except ssh.RemoteError as exc:
-                    lines.append(f"{nodes[i]['hostEntry']}: rollback failed: {back[i]} could not be started again ({exc}).")
+                    lines.append(f"{nodes[i]['hostEntry']}: {ROLLBACK_FAILED} {back[i]} could not be started again ({exc}).")
         for i, previous in back.items():
             name = nodes[i]["hostEntry"]
             if previous is None:
@@ -220,8 +221,16 @@ class MultiNodeServiceProvider(ServiceProvider):
             if restored.get(i):
                 lines.append(f"{name}: put back as they were: {', '.join(restored[i])}.")
         where = f"{nodes[k]['hostEntry']} ({targets[k].label})"
-        raise DeployError(ssh.redact(f"readiness: {status}: {reason}\n" + "\n".join(lines)
-                                     + f"\nLast lines of journalctl -u {unit} on {where}:\n{journal}", _secrets(props)))
+        message = ssh.redact(f"readiness: {status}: {reason}\n" + "\n".join(lines)
+                             + f"\nLast lines of journalctl -u {unit} on {where}:\n{journal}", _secrets(props))
+        failed = [line for line in lines if ROLLBACK_FAILED in line]
+        if failed:
+            # As on one host: nothing serves, so the service records it and FailedSwitch fails the run.
+            report = report or R.Report(status=status, unit=unit, url="", checked_at=probe.now_iso())
+            summary = ssh.redact(failed[0].splitlines()[0], _secrets(props))
+            raise RollbackFailed(message, self._outs_all(targets, props, plans[0].previous,
+                                                         {**report.as_dict(), "status": status, "reason": reason, "rollback": summary}))
+        raise DeployError(message)
 
     def _judge_rollback(self, t, props, previous: str, since: int, baseline: R.UnitState) -> str:
         """A unit started again: a rank >= 1 of a multi-node layout by its unit (its HTTP answer
@@ -234,13 +243,13 @@ class MultiNodeServiceProvider(ServiceProvider):
             time.sleep(float((props.get("readiness") or {}).get("settleSeconds", 1)) + 2)
             problem = R.rank_problem(baseline, probe.unit_state(t, previous))
             return (f"rolled back: {previous} (rank {rank.group(1)}) runs again." if problem is None else
-                    f"rollback failed: {previous} (rank {rank.group(1)}) did not stay up: {problem}.")
+                    f"{ROLLBACK_FAILED} {previous} (rank {rank.group(1)}) did not stay up: {problem}.")
         bind, port = self._address_of(t, previous, props)
         report = probe.wait_ready(t, previous, bind=bind, port=port, declared={}, settings=props.get("readiness") or {},
                                   since=since, baseline=baseline, progress=lambda m: _progress(f"rollback {m}"))
         if report.status == R.READY:
             return f"rolled back: restarted {previous}, the strategy that was serving before; it generates again."
-        return f"rollback failed: {previous} did not come back ({report.status}: {report.reason})."
+        return f"{ROLLBACK_FAILED} {previous} did not come back ({report.status}: {report.reason})."
 
     def _outs_all(self, targets, props, previous, report) -> dict:
         states = [self._show(t, [props["unit"]])[props["unit"]] for t in targets]
@@ -254,6 +263,8 @@ class MultiNodeServiceProvider(ServiceProvider):
     def create(self, props):
         try:
             outs = self._start(props, restart=True)
+        except RollbackFailed as exc:
+            outs = self._after_failed_rollback(props, exc)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(props, exc) from None
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:nodes",
@@ -286,7 +297,7 @@ class MultiNodeServiceProvider(ServiceProvider):
                 break
         live = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
                 "runningServer": running}
-        inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport")}
+        inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
 
     def diff(self, id, olds, news):

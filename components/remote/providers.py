@@ -111,6 +111,22 @@ class DeployError(Exception):
     """A failure the user must act on; its message is complete (reason, journal, rollback)."""
 
 
+# How a failed switch's message says that its rollback failed too (tests and README quote it).
+ROLLBACK_FAILED = "rollback failed:"
+
+
+class RollbackFailed(DeployError):
+    """A switch failed and so did its rollback: nothing serves. The service does not fail with
+    it: it records `outs` (its report says `rollback: failed ...`), so that the readiness
+    resource and the stack outputs say so too (Pulumi keeps the old outputs of a resource that
+    fails, and the old stack outputs when an exported value depends on it); FailedSwitch then
+    fails the run with this message."""
+
+    def __init__(self, message: str, outs: dict):
+        super().__init__(message)
+        self.outs = outs
+
+
 def _clean_errors_in_provider_process() -> None:
     """Show our own errors without a Python traceback.
 
@@ -508,9 +524,12 @@ class ServiceProvider(ResourceProvider):
                 self._do(t, step, unit, check=False)  # undoing: each step is tried, whatever the one before did
         if restored:
             rollback += "\nPut back as they were: " + ", ".join(restored) + "."
-        raise DeployError(ssh.redact(
-            f"readiness: {report.status}: {report.reason}\n{rollback}\nLast lines of journalctl -u {unit}:\n{journal}",
-            _secrets(props)))
+        message = ssh.redact(f"readiness: {report.status}: {report.reason}\n{rollback}\nLast lines of journalctl -u {unit}:\n{journal}",
+                             _secrets(props))
+        if rollback.startswith(ROLLBACK_FAILED):
+            summary = ssh.redact(rollback.splitlines()[0], _secrets(props))
+            raise RollbackFailed(message, self._outs(t, props, plan.previous, {**report.as_dict(), "rollback": summary}))
+        raise DeployError(message)
 
     def _restore(self, t: ssh.Target) -> list[str]:
         """Write back, byte for byte, every file this run replaced on the host (a file it created,
@@ -533,11 +552,11 @@ class ServiceProvider(ResourceProvider):
                                       settings=props.get("readiness") or {}, since=since, baseline=baseline,
                                       progress=lambda m: _progress(_who(props) + m))
         except ssh.RemoteError as exc:
-            return f"rollback failed: nothing serves on {t.label}: {previous} could not be started again ({exc})."
+            return f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous} could not be started again ({exc})."
         if report.status == R.READY:
             return f"Rolled back: restarted {previous}, the strategy that was serving before; it generates again."
         journal = probe.journal_tail(t, previous, since, 20, _secrets(props))
-        return (f"rollback failed: nothing serves on {t.label}: {previous}, the strategy that was serving before, "
+        return (f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous}, the strategy that was serving before, "
                 f"did not come back ({report.status}: {report.reason}).\nLast lines of journalctl -u {previous}:\n{journal}")
 
     @staticmethod
@@ -596,6 +615,8 @@ class ServiceProvider(ResourceProvider):
     def create(self, props):
         try:
             outs = self._start(props, restart=True)
+        except RollbackFailed as exc:
+            outs = self._after_failed_rollback(props, exc)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(props, exc) from None
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
@@ -610,10 +631,19 @@ class ServiceProvider(ResourceProvider):
             _progress(f"{_who(news)}{news['unit']}: restarting: {olds['runningServer']}")
         try:
             outs = self._start(news, restart=restart is not None)
+        except RollbackFailed as exc:
+            outs = self._after_failed_rollback(news, exc)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(news, exc) from None
         return UpdateResult(outs={**outs, "runningServer": self._running_now(news),
                                   "readinessReport": self._last_check(outs, olds)})
+
+    @staticmethod
+    def _after_failed_rollback(props: dict, exc: RollbackFailed) -> dict:
+        """The outputs of a switch that left nothing serving: the unit as it is (stopped), the
+        failed start's report with `rollback`, and `switchFailure`, the message the run then
+        fails with (FailedSwitch). The next `up` tries the switch again (diff)."""
+        return {**exc.outs, "switchFailure": str(_named(props, exc))}
 
     @staticmethod
     def _last_check(outs: dict, olds: Optional[dict] = None) -> dict:
@@ -684,7 +714,8 @@ class ServiceProvider(ResourceProvider):
         if live["runningServer"] == R.NOT_RUNNING:
             live["runningServer"] = self._superseded(t, props["unit"]) or R.NOT_RUNNING
         outs = {**props, **live}
-        return ReadResult(id_=id, outs=outs, inputs={**{k: props[k] for k in props if k not in ("previous", "readinessReport")}, **live})
+        kept = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
+        return ReadResult(id_=id, outs=outs, inputs={**kept, **live})
 
     def diff(self, id, olds, news):
         active = news.get("active", True)
@@ -698,6 +729,8 @@ class ServiceProvider(ResourceProvider):
                                         "connection", "runningServer", "execStart", "environment"])
         if olds.get("readinessReport") is None:
             changed.append("readinessReport")  # a state left empty by an earlier version: record it once
+        if olds.get("switchFailure"):
+            changed.append("switchFailure")  # the last switch left nothing serving: try it again
         return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
 
     def delete(self, id, props):
@@ -808,6 +841,7 @@ class ReadinessProvider(ResourceProvider):
             if superseded:
                 report["reason"] = f"{superseded}; {report['reason']}"
         report["checked_by"] = CHECKED_BY_REFRESH
+        report["rollback"] = None  # one look: a rollback is what a start reports
         # The inputs are what the program gives (not the report's fields): a later update then
         # shows what changes, not every field of the last report as removed.
         inputs = {k: v for k, v in props.items() if k in READINESS_INPUTS}
@@ -827,3 +861,12 @@ class ReadinessProvider(ResourceProvider):
 
     def delete(self, id, props):
         pass
+
+
+# ---------------------------------------------------------------------------------------
+class FailedSwitchProvider(ResourceProvider):
+    """Fails the run after a switch whose rollback failed (RollbackFailed), once the readiness
+    resource has recorded it: registered by the program only then, so it is never in a state."""
+
+    def create(self, props):
+        raise DeployError(str(props.get("message") or "the switch failed and nothing serves"))

@@ -128,8 +128,19 @@ def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
         assert UNIT.format("ep8") in text.split("rollback failed")[1]
         assert "Rolled back" not in text, text[-4000:]
         assert not generates(d)
+        # The outputs say so too: the failed start's verdict and the failed rollback, as of this run.
+        readiness = d.stack("crash").outputs()["readiness"].value
+        assert readiness["status"] == "crashed_during_load", readiness
+        assert readiness["rollback"].startswith("rollback failed: nothing serves on root@"), readiness
+        assert UNIT.format("ep8") in readiness["rollback"], readiness
+        assert readiness["checked_by"].startswith("up: the switch started the unit"), readiness
+        # The failed switch is tried again by the next up (the model still hidden: the same failure).
+        with pytest.raises(auto.CommandError) as again:
+            d.stack("crash").up(on_output=print)
+        assert "rollback failed: nothing serves on " in str(again.value), str(again.value)[-4000:]
     finally:
         d.sh(f"umount {MODEL}")
     result = d.stack("ep8").up(refresh=True, on_output=print)
     assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["rollback"] is None
     assert generates(d)

@@ -214,3 +214,27 @@ def test_a_machine_attached_to_the_range_is_refused_with_a_clear_message(scratch
 def test_own_veths_and_the_no_route_entry_are_not_collisions(rehearsal_host):
     """The running host's veth address and /24, and the range's entry, are ours."""
     assert network.range_collisions() == []
+
+
+def test_rehearsal_hosts_reach_each_other_and_nothing_else(rehearsal_host, rehearsal_host_factory):
+    """A router in front of a fleet and the ranks of a multi-node layout talk host to host: a
+    host reaches another's sshd through this machine; an address of the range with no host fails
+    from inside a host too (it ends on this machine); only the hosts' own veths forward (the machine-wide switch
+    is left as it was), and a host has no default route."""
+    before = Path("/proc/sys/net/ipv4/conf/all/forwarding").read_text()
+    other = rehearsal_host_factory()
+    a = rehearsal_host
+    inside = ["ip", "netns", "exec", network.netns_name(a.name)]
+    reach = subprocess.run([*inside, "bash", "-c", f"exec 3<>/dev/tcp/{other.address}/22 && head -c 4 <&3"],
+                           capture_output=True, text=True, timeout=20)
+    assert reach.returncode == 0 and reach.stdout == "SSH-", reach
+    # No host there: the packet ends on this machine's no-route entry (an `unreachable` one
+    # answers at once, a `blackhole` drops it: then the connect times out), never beyond.
+    lost = subprocess.run([*inside, "timeout", "3", "bash", "-c", f"exec 3<>/dev/tcp/{unused_address()}/22"],
+                          capture_output=True, text=True, timeout=20)
+    assert lost.returncode != 0, lost
+    assert no_route_entries() and route_get(unused_address()).returncode != 0
+    assert "default" not in subprocess.run([*inside, "ip", "route"], capture_output=True, text=True).stdout
+    for h in (a, other):
+        assert Path(f"/proc/sys/net/ipv4/conf/{network.veth_name(h.name)}/forwarding").read_text().strip() == "1"
+    assert Path("/proc/sys/net/ipv4/conf/all/forwarding").read_text() == before
