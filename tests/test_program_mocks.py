@@ -235,21 +235,23 @@ class FailedRollbackRecorder(Recorder):
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         name, outs = super().new_resource(args)
-        if args.typ == DYNAMIC + "SystemdService":
+        if args.typ in (DYNAMIC + "SystemdService", DYNAMIC + "MultiNodeService"):
             outs = {**outs, "switchFailure": self.MESSAGE}
         return name, outs
 
 
+@pytest.mark.parametrize("stack,prefix", [("pp8", ""), ("tp16x2", "node0-")])
 @pytest.mark.parametrize("preview", [False, True])
-def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatch, preview):
+def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatch, preview, stack, prefix):
     """RollbackFailed: the service records the failure instead of failing, so the readiness
     resource and the stack outputs can say so; a FailedSwitch (its own token, never in a state)
-    is registered after the readiness resource, carrying the message, and only in an update."""
+    is registered after the readiness resource, carrying the message, and only in an update.
+    A multi-node layout alike: its one service over every node, judged on rank 0 (node0)."""
     monkeypatch.chdir(ROOT)
     registered = record_registrations(monkeypatch, "dependencies")
     rec = FailedRollbackRecorder()
-    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack="pp8", preview=preview)
-    pulumi.runtime.set_all_config(stack_config("pp8"))
+    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=preview)
+    pulumi.runtime.set_all_config(stack_config(stack))
     from components.program import run
 
     @pulumi.runtime.test
@@ -263,8 +265,8 @@ def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatc
         assert failed == []
         return
     (typ, name, deps), = failed
-    assert name == "switch-failed"
-    readiness_urn = next(u for u in deps if u.endswith("::readiness"))
+    assert name == f"{prefix}switch-failed"
+    readiness_urn = next(u for u in deps if u.endswith(f"::{prefix}readiness"))
     assert DYNAMIC + "Readiness" in readiness_urn
     inputs = next(i for t, n, i in rec.resources if t == typ)
     assert inputs["message"] == FailedRollbackRecorder.MESSAGE
