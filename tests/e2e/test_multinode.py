@@ -3,6 +3,8 @@ nodes (TP16 = 2 x 8 GPUs), a rank that never joins, drift on rank 1's unit. One 
 hosts shared by the tests, in order."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from pulumi import automation as auto
 
@@ -62,8 +64,14 @@ def test_tp16_across_two_nodes_is_ready_with_the_world_confirmed_on_rank_0(nodes
     result = nodes.stack("tp16x2").up(on_output=print)
     readiness = result.outputs["readiness"].value
     assert readiness["status"] == "ready", readiness
-    assert readiness["layout"]["tp_size"] == 16 and readiness["url"].startswith(f"http://{node0.address}:")
+    # Judged on rank 0's host (its probe asks the server there); the endpoint is rank 0's address.
+    assert readiness["layout"]["tp_size"] == 16 and readiness["url"] == "http://127.0.0.1:30001", readiness
     assert result.outputs["endpoint"].value == f"http://{node0.address}:30001"
+    assert result.outputs["nodes"].value == {"node0": {"rank": 0, "address": node0.address},
+                                             "node1": {"rank": 1, "address": node1.address}}
+    # Rank 0 really holds the whole world: its server, asked on node0, says tp 16 over 2 nodes.
+    info = json.loads(node0.run("curl -sf http://127.0.0.1:30001/server_info", check=True).stdout)
+    assert (info["tp_size"], info["nnodes"], info["node_rank"]) == (16, 2, 0), info
     for host in (node0, node1):
         assert active(host, "tp16x2") == "active" and active(host, "tp8") == "inactive"
 
@@ -74,9 +82,23 @@ def test_drift_on_rank_1s_unit_is_repaired_there_only(nodes):
     path = "/etc/systemd/system/" + UNIT.format("tp16x2")
     node1.run(f"sed -i 's/--context-length 32768/--context-length 16384/' {path}", check=True)
     stack = nodes.stack("tp16x2")
-    preview = stack.preview(refresh=True, diff=True, on_output=print)
-    assert preview.change_summary.get("update") == 1, preview.change_summary
-    assert "node1-unit-file" in preview.stdout and "node0-unit-file" not in preview.stdout.replace("node0-unit-file: same", "")
+    planned: dict[str, str] = {}
+    contents: dict[str, str] = {}
+
+    def record(event):
+        pre = event.resource_pre_event
+        if pre is not None and pre.metadata.op.value not in ("same", "refresh", "read"):
+            name = pre.metadata.urn.rsplit("::", 1)[-1]
+            planned[name] = pre.metadata.op.value
+            for side in ("old", "new"):
+                state = getattr(pre.metadata, side)
+                contents[side] = ((state.inputs if state else None) or {}).get("content") or ""
+    preview = stack.preview(refresh=True, diff=True, on_output=print, on_event=record)
+    # Exactly one change: node1's unit file, from the hand edit back to its declared content;
+    # nothing on node0, and neither rank's service is restarted.
+    assert planned == {"node1-unit-file": "update"}, (planned, preview.stdout[-3000:])
+    assert "--context-length 16384" in contents["old"] and "--context-length 32768" in contents["new"], contents
+    assert "--node-rank 1" in contents["new"]
     stack.up(on_output=print)
     assert "--context-length 32768" in node1.run(f"cat {path}").stdout
     assert {n: main_pid(h, "tp16x2") for n, h in nodes.hosts.items()} == pids
