@@ -40,6 +40,24 @@ def main_pid(host, strategy: str) -> str:
     return host.run(f"systemctl show -p MainPID --value {UNIT.format(strategy)}").stdout.strip()
 
 
+def test_a_node_that_cannot_reach_rank_0_stops_the_run_before_any_unit_file(nodes):
+    """First in the module: the stack's rendezvous check runs when it is created. node1 has no
+    route to node0 here (an `unreachable` route of its own): the run names node1 and rank 0's
+    address, and no node has the layout's unit file."""
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+    node1.run(f"ip route add unreachable {node0.address}/32", check=True)
+    try:
+        with pytest.raises(auto.CommandError) as info:
+            nodes.stack("tp16x2").up(on_output=print)
+    finally:
+        node1.run(f"ip route del unreachable {node0.address}/32", check=True)
+    text = str(info.value)
+    assert f"node1 (rank 1) cannot reach rank 0 (node0) at {node0.address}: no route" in text, text[-3000:]
+    assert "nothing was changed on any node" in text, text[-3000:]
+    for host in (node0, node1):
+        assert host.run(f"test -e /etc/systemd/system/{UNIT.format('tp16x2')}").returncode != 0
+
+
 def test_a_rank_that_never_joins_times_out_naming_it_and_both_nodes_serve_as_before(nodes):
     node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
     nodes.stack("tp8").up(on_output=print)
