@@ -4,6 +4,7 @@ hosts shared by the tests, in order."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 from pulumi import automation as auto
@@ -42,15 +43,19 @@ def main_pid(host, strategy: str) -> str:
 
 def test_a_node_that_cannot_reach_rank_0_stops_the_run_before_any_unit_file(nodes):
     """First in the module: the stack's rendezvous check runs when it is created. node1 has no
-    route to node0 here (an `unreachable` route of its own): the run names node1 and rank 0's
-    address, and no node has the layout's unit file."""
+    route to node0 here (an `unreachable` route in node1's own network namespace, set from this
+    machine: root on the host may not change routes): the run names node1 and rank 0's address,
+    and no node has the layout's unit file."""
     node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
-    node1.run(f"ip route add unreachable {node0.address}/32", check=True)
+
+    def route(verb: str):
+        subprocess.run(["ip", "-n", node1.netns, "route", verb, "unreachable", f"{node0.address}/32"], check=True)
+    route("add")
     try:
         with pytest.raises(auto.CommandError) as info:
             nodes.stack("tp16x2").up(on_output=print)
     finally:
-        node1.run(f"ip route del unreachable {node0.address}/32", check=True)
+        route("del")
     text = str(info.value)
     assert f"node1 (rank 1) cannot reach rank 0 (node0) at {node0.address}: no route" in text, text[-3000:]
     assert "nothing was changed on any node" in text, text[-3000:]
