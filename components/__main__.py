@@ -36,12 +36,24 @@ def _print_plan(plan: ServingPlan) -> None:
           f"demand {m.max_running_requests} x {m.context_length} = {m.token_demand:,}")
     for w in plan.warnings:
         print(f"  warning      {w}")
+    node = plan.settings.node
+    if node:
+        print(f"  node         rank {node.rank} of {node.nnodes} ({', '.join(node.names)}); the ranks meet at rank 0,"
+              f" {node.dist_init_addr}{_rank0_note(node)}")
     print(f"  unit         {d['unit_name']}" + (f" (Conflicts= {' '.join(d['conflicts'])})" if d["conflicts"] else ""))
     print(f"  environment  {d['environment_path']}")
     print("\n--- " + d["unit_name"])
     print(d["unit_text"], end="")
     print("--- " + d["environment_path"])
     print(d["environment_text"], end="")
+
+
+def _rank0_note(node) -> str:
+    """Where a rehearsal rank 0's address came from: the running host, or a stand-in."""
+    if node.rank0_address.startswith("rehearsal-"):
+        return (f"\n               ({node.rank0_address} stands in: the rehearsal host is not running; the unit files get its"
+                f" address when scripts/deploy has booted it)")
+    return ""
 
 
 def _print_checked(checked: CheckedStack) -> None:
@@ -167,7 +179,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         # The program's own check (plan.check_stack), on the files instead of the engine's config.
-        checked = check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir)
+        # A multi-node layout names rank 0's address: a running rehearsal host's is read from
+        # its host.json (no connection), as the program does.
+        from .remote.ssh import rehearsal_addresses
+        checked = check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir, rehearsal_addresses())
         plans = checked.plans
         plan = plans[0][1]
         before = (check_stack(args.against, from_files(args.project_dir, args.against), args.project_dir).plans[0][1]

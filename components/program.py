@@ -17,7 +17,9 @@ from .core.reads import refresh_reads
 from .core.stack_config import RawConfig, from_engine
 from .cuda import CudaToolkit
 from .gpu_host import GpuHost, GpuHostArgs
+from .multinode import MultiNodeServing
 from .readiness_check import ReadinessCheck
+from .remote.ssh import rehearsal_addresses
 from .resources import RouterReadiness
 from .router import Router
 from .serving_unit import ServingUnit
@@ -51,7 +53,7 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
 
 def make_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output]) -> GpuHost:
     return GpuHost(name or "host", GpuHostArgs(plan.settings, private_key=private_key, prefetch=refresh_reads(plan), entry=name),
-                   needed_gpus=plan.world_size)
+                   needed_gpus=plan.node_gpus)
 
 
 def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key, secret_env, admin_key) -> dict:
@@ -94,6 +96,24 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
     return {name: outputs[name] for name, _ in plans}
 
 
+def deploy_multinode(settings: StackSettings, plans: list, private_key, secret_env) -> dict:
+    """One serving instance over several machines (strategy.nodes): per node its facts, CUDA and
+    venv; the layout's units switched as one (MultiNodeServing); readiness judged on rank 0."""
+    hosts = {name: make_host(name, plan, private_key) for name, plan in plans}
+    installs = []
+    for name, plan in plans:
+        after_host = pulumi.ResourceOptions(depends_on=[hosts[name]])
+        installs += [CudaToolkit(f"{name}-cuda", hosts[name], plan.settings, after_host),
+                     PythonVenv(f"{name}-venv", hosts[name], plan.settings, after_host)]
+    serving = MultiNodeServing(settings.strategy_name, [(n, p, hosts[n]) for n, p in plans], secret_env,
+                               pulumi.ResourceOptions(depends_on=[*hosts.values(), *installs]))
+    rank0, plan0 = plans[0]
+    ready = ReadinessCheck(f"{rank0}-readiness", plan0, hosts[rank0], serving, prefix=f"{rank0}-")
+    return {"endpoint": f"http://{hosts[rank0].address}:{plan0.settings.serving.port}", "readiness": ready.report,
+            "memory": plan0.memory.as_dict(), "host": {n: hosts[n].facts for n, _ in plans},
+            "nodes": {n: {"rank": p.settings.node.rank, "address": hosts[n].address} for n, p in plans}}
+
+
 def engine_config() -> RawConfig:
     """Every config key the engine passed to this program (not only the ones it knows, so a
     misspelled key is seen), and which are secrets."""
@@ -109,7 +129,9 @@ def run() -> None:
         # The same check as `python -m components plan`, on every config key the engine passed
         # (a misspelled one included), before any resource: a fleet with one unfit host changes
         # nothing, and no setting plan refuses reaches a host.
-        checked = check_stack(stack, engine_config(), Path(os.getcwd()))
+        # A multi-node layout's --dist-init-addr names rank 0's address: a rehearsal host's is
+        # read from the running host.
+        checked = check_stack(stack, engine_config(), Path(os.getcwd()), rehearsal_addresses())
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None
@@ -120,6 +142,15 @@ def run() -> None:
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None
     private_key = cfg.get_secret("sshPrivateKey")
+    if settings.node_names:
+        multi = deploy_multinode(settings, plans, private_key, secret_env)
+        first = plans[0][1]
+        pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
+                                   "layout": first.as_dict()["layout"], "nodes": list(settings.node_names)})
+        pulumi.export("unit", first.unit.name)
+        for key, value in multi.items():
+            pulumi.export(key, value)
+        return
     if settings.router is not None:
         admin_key = cfg.get_secret("routerAdminKey")
         if admin_key is None:

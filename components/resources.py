@@ -15,7 +15,7 @@ from pulumi.dynamic import Resource
 
 from .core.readiness import AS_DECLARED
 from .remote import bench as remote_bench
-from .remote import providers
+from .remote import multinode, providers
 from .remote.router import RouterReadinessProvider, RouterServiceProvider
 
 
@@ -67,6 +67,32 @@ class Service(Resource, module=MODULE, name="SystemdService"):
                           "runningServer": AS_DECLARED, "previous": None, "readinessReport": None,
                           "switchFailure": None},
                          dynamic_options(opts, ["connection", "router"]))
+
+
+class MultiNodeService(Resource, module=MODULE, name="MultiNodeService"):
+    """The units of a multi-node layout on all its nodes, switched as one (remote/multinode.py)."""
+    active: pulumi.Output[bool]
+    runningServer: pulumi.Output[str]
+    enabled: pulumi.Output[bool]
+    previous: pulumi.Output[Optional[str]]
+    readinessReport: pulumi.Output[Optional[dict]]
+    # As Service's: set when the last switch failed and so did its rollback on some node.
+    switchFailure: pulumi.Output[Optional[str]]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(multinode.MultiNodeServiceProvider(), name,
+                         {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
+                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None, "switchFailure": None},
+                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
+                             additional_secret_outputs=["connection", "ranks"])))
+
+
+class RendezvousCheck(Resource, module=MODULE, name="RendezvousCheck"):
+    """Every node of a multi-node layout reaches rank 0's address, checked before its units change."""
+
+    def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(multinode.RendezvousCheckProvider(), name, props,
+                         pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(additional_secret_outputs=["connection", "nodes"])))
 
 
 class Readiness(Resource, module=MODULE, name="Readiness"):

@@ -48,9 +48,9 @@ def wheelhouse_props(venv: VenvSettings) -> Optional[dict]:
         return None
     if setting == REHEARSAL:
         from rehearsal.engine_wheel import build
-        local = _cache() / "rehearsal" / "wheelhouse"
         try:
-            files = [build(local)]
+            files = [build(_cache() / "rehearsal" / "wheelhouse", by_content=True)]
+            local = files[0].parent
         except Exception as exc:  # the message is what to fix
             raise ConfigError([SettingError("gpu-serving:venv.wheelhouse", f"building the rehearsal engine wheel failed: {exc}")]) from None
         where = "rehearsal (the rehearsal engine wheel)"

@@ -43,12 +43,14 @@ def _record_line(path: str, data: bytes) -> str:
     return "%s,sha256=%s,%d" % (path, digest, len(data))
 
 
-def build(dest_dir, source: Path = SOURCE) -> Path:
-    """Write the engine wheel into dest_dir (created if needed) and return its path."""
+def build(dest_dir, source: Path = SOURCE, by_content: bool = False) -> Path:
+    """Write the engine wheel into dest_dir (created if needed) and return its path. by_content:
+    into dest_dir/<its digest>/ instead: checkouts with other engine sources build the same file
+    name (one version), and a shared cache must not let one replace another's between a
+    program's build and its provider's upload."""
     source = Path(source)
     meta = project_metadata(source)
     dest = Path(dest_dir)
-    dest.mkdir(parents=True, exist_ok=True)
     dist_info = "%s-%s.dist-info" % (re.sub(r"[-_.]+", "_", meta["name"]), meta["version"])
     files: list[tuple[str, bytes]] = []
     for package in PACKAGES:
@@ -68,7 +70,6 @@ def build(dest_dir, source: Path = SOURCE) -> Path:
     ]
     record = "".join(_record_line(name, data) + "\n" for name, data in files) + dist_info + "/RECORD,,\n"
     files.append((dist_info + "/RECORD", record.encode()))
-    target = dest / wheel_name(meta)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as whl:
         for name, data in files:
@@ -77,6 +78,10 @@ def build(dest_dir, source: Path = SOURCE) -> Path:
             info.external_attr = 0o644 << 16
             whl.writestr(info, data)
     wheel = buf.getvalue()
+    if by_content:
+        dest = dest / hashlib.sha256(wheel).hexdigest()[:16]
+    dest.mkdir(parents=True, exist_ok=True)
+    target = dest / wheel_name(meta)
     try:
         if target.read_bytes() == wheel:
             return target  # reproducible: the same sources make the same bytes

@@ -277,6 +277,7 @@ VALID = {
     ("model", "profile"): "kimi-k2.6", ("model", "name"): "kimi-k2.6", ("model", "path"): "/models/kimi-k2.6",
     ("model", "servedName"): "kimi-k2.6",
     ("strategy", "name"): "tp8", ("strategy", "moeA2aBackend"): "none",
+    ("strategy", "nodeNetwork"): "tcp", ("strategy", "socketInterface"): "eth0",
     ("serving", "host"): "0.0.0.0", ("serving", "attentionBackend"): "fa3", ("serving", "grammarBackend"): "xgrammar",
     ("serving", "speculativeAlgorithm"): "EAGLE", ("serving", "unitPrefix"): "sglang",
     ("serving", "environmentDir"): "/etc/gpu-serving",
@@ -305,7 +306,7 @@ for _row in flags.FLAGS:
         VALID.setdefault((_row.section, _row.key), _first_choice(_row.declare[0]))
 # Text in lists and maps: the item each variant replaces, and the setting the refusal names.
 LIST_VALID = {("serving", "extraArgs"): ["--log-level", "info"], ("serving", "conflictsWith"): ["pp8"],
-              ("venv", "packages"): ["sglang[all]==0.5.23"]}
+              ("venv", "packages"): ["sglang[all]==0.5.23"], ("strategy", "nodes"): ["gpuA", "gpuB"]}
 # A lookalike is fine where the text never leaves the operator's machine (see NOT_SENT).
 LOOKALIKE_OK = set(NOT_SENT)
 # Above every field's own bound and below the 64 KB a whole setting may take (stack_config's
@@ -353,6 +354,10 @@ def _with(base: dict, section: str, key: str, value) -> dict:
     config = {**base, section: {**(base.get(section) or {}), key: value}}
     if section == "model":
         config["model"] = {"profile": "kimi-k2.6", key: value} if key != "profile" else {"profile": value}
+    if (section, key) == ("strategy", "nodes"):
+        # A multi-node layout over the two machines it names, TP16 over their 16 GPUs.
+        config["strategy"] = {**config["strategy"], "tpSize": 16}
+        config["hosts"] = [{"name": n, "address": f"10.0.0.{11 + i}", "hostKey": HOST_KEY} for i, n in enumerate(("gpuA", "gpuB"))]
     return config
 
 

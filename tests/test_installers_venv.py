@@ -3,6 +3,8 @@ provider's diff (no host needed for it)."""
 import subprocess
 import sys
 
+from pathlib import Path
+
 import pytest
 
 from components import venv as venv_component
@@ -87,7 +89,9 @@ def test_rehearsal_wheelhouse_props(tmp_path, monkeypatch):
     settings = VenvSettings.model_validate({"packages": ["sglang-rehearsal==0.0.1+rehearsal"], "wheelhouse": "rehearsal"})
     props = venv_component.install_props(settings)
     wh = props["wheelhouse"]
-    assert wh["remoteDir"] == V.WHEELHOUSE_DIR and wh["localDir"] == str(tmp_path / "rehearsal/wheelhouse")
+    # A directory per engine content: another checkout's engine (same version) never replaces it.
+    assert wh["remoteDir"] == V.WHEELHOUSE_DIR and Path(wh["localDir"]).parent == tmp_path / "rehearsal/wheelhouse"
+    assert Path(wh["localDir"]).name == next(iter(wh["files"].values()))[:16]
     assert list(wh["files"]) == ["sglang_rehearsal-0.0.1+rehearsal-py3-none-any.whl"]
     # The engine wheel is byte-for-byte reproducible, so a second preview sees no change.
     assert venv_component.install_props(settings)["wheelhouse"] == wh

@@ -25,6 +25,8 @@ LAZY = {
     ("components.__main__", "components.remote.status"): "`plan` and `switch` never connect: no SSH side loaded",
     ("components.__main__", "components.core.status"): "only `status` renders a host's report",
     ("components.__main__", "components.remote.bench"): "only `bench` runs the benchmark: no SSH side for the others",
+    ("components.__main__", "components.remote.ssh"):
+        "`plan` reads running rehearsal hosts' addresses (host.json, no connection; paramiko stays unloaded)",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
     ("components.remote.providers", "components.core.config"):
         "pydantic costs every provider start ~0.1 s; only secret checks and the warm-up thread need it",

@@ -4,7 +4,7 @@ import pytest
 from components.core.config import parse_settings
 from components.core.errors import ConfigError
 from components.core.memory import plan_memory
-from components.core.plan import build_plan
+from components.core.plan import build_plan, build_plans
 
 from .casedata import case_config, cases
 
@@ -17,8 +17,16 @@ def test_strategy_case(name, case):
         plan = build_plan(parse_settings(name, config))
         assert plan.world_size == plan.settings.host.gpu_count
         return
+    if case.get("valid_nodes"):
+        # A multi-node layout: every node's plan, the world spread evenly over them.
+        plans = build_plans(parse_settings(name, config))
+        assert [p.settings.node.rank for _, p in plans] == list(range(len(plans)))
+        assert all(p.world_size == p.settings.host.gpu_count * len(plans) for _, p in plans)
+        for key, value in case.get("expect", {}).items():
+            assert plans[0][1].memory.as_dict()[key] == value, key
+        return
     with pytest.raises(ConfigError) as info:
-        build_plan(parse_settings(name, config))
+        build_plans(parse_settings(name, config))
     expected = case["error"]
     matching = [e for e in info.value.errors if e.setting == expected["setting"]]
     assert matching, f"no error names {expected['setting']}; got: {info.value}"

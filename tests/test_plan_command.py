@@ -59,7 +59,7 @@ def test_invalid_yaml_is_a_clear_error(tmp_path):
 
 def test_unknown_stack_lists_known_ones():
     out = run_plan("--stack", "nope")
-    assert out.returncode == 2 and "known stacks: ep8, pp8, tp8" in out.stderr
+    assert out.returncode == 2 and "known stacks: ep8, pp8, tp16x2, tp8" in out.stderr
 
 
 def test_switch_diff_shows_the_changed_flags_only():
@@ -121,3 +121,32 @@ def test_switch_as_json_is_json():
     assert (switch["stops"], switch["starts"]) == ("sglang-kimi-k2.6-tp8.service", "sglang-kimi-k2.6-ep8.service")
     assert "-    --ep-size 1 \\" in switch["unit_diff"] and "+    --ep-size 8 \\" in switch["unit_diff"]
     assert switch["environment_diff"] == []
+
+
+MULTI_NODE = """config:
+  gpu-serving:hosts:
+    - name: a
+      {first}
+    - name: b
+      rehearsal: plan-test-b
+  gpu-serving:strategy:
+    tpSize: 16
+    nodes: [a, b]
+"""
+
+
+def test_multi_node_plan_names_where_the_ranks_meet(tmp_path):
+    """Rank 0's real address when the stack gives it; a rehearsal rank 0 that is not running has
+    none yet, and the plan says that the name it shows stands in for it."""
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    write_project(tmp_path, MULTI_NODE.format(first=f"address: 192.0.2.10\n      hostKey: {key}"))
+    out = run_plan("--stack", "bad", "--project-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "rank 1 of 2 (a, b); the ranks meet at rank 0, 192.0.2.10:20000\n" in out.stdout
+    assert "--dist-init-addr 192.0.2.10:20000" in out.stdout and "stands in" not in out.stdout
+
+    write_project(tmp_path, MULTI_NODE.format(first="rehearsal: plan-test-a"))
+    out = run_plan("--stack", "bad", "--project-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "the ranks meet at rank 0, rehearsal-plan-test-a:20000\n" in out.stdout
+    assert "(rehearsal-plan-test-a stands in: the rehearsal host is not running" in out.stdout

@@ -165,8 +165,8 @@ def test_every_dynamic_resource_class_names_its_token():
 
     classes = [c for c in Resource.__subclasses__() if c.__module__.startswith("components.")]
     tokens = {f"pulumi-python:{c._resource_type_name}": c.__qualname__ for c in classes}
-    assert len(classes) == 10, classes
-    assert len(tokens) == 10 and PREVIOUS_TYPE not in tokens, tokens
+    assert len(classes) == 12, classes
+    assert len(tokens) == 12 and PREVIOUS_TYPE not in tokens, tokens
     assert all(t.startswith(DYNAMIC) for t in tokens), tokens
 
 
@@ -208,27 +208,50 @@ def test_benchmark_on_deploy_in_a_fleet_measures_the_first_host(monkeypatch):
     assert list(benches) == ["gpu1-benchmark"] and benches["gpu1-benchmark"]["hostEntry"] == "gpu1"
 
 
+def test_multi_node_registers_files_per_node_one_service_for_all_after_the_rendezvous_check(monkeypatch):
+    """Pulumi.tp16x2.yaml: each node's facts and files; one MultiNodeService over both ranks,
+    after every file; the files after the check that node1 reaches rank 0; readiness on rank 0."""
+    monkeypatch.chdir(ROOT)
+    deps = record_registrations(monkeypatch, "dependencies")
+    rec = run_program("tp16x2", stack_config("tp16x2"))
+    names = {n: inputs for t, n, inputs in rec.resources}
+    for node in ("node0", "node1"):
+        assert f"{node}-facts" in names and f"{node}-unit-file" in names and f"{node}-environment-file" in names
+    assert names["node1-facts"]["expect"]["neededGpus"] == 8
+    units = [names[f"node{k}-unit-file"]["content"] for k in (0, 1)]
+    assert "--node-rank 0" in units[0] and "--node-rank 1" in units[1]
+    service = names["tp16x2-service"]
+    ranks = service["ranks"]["value"] if isinstance(service["ranks"], dict) else service["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and service["declared"]["tp_size"] == 16
+    assert "service" not in names and "node1-readiness" not in names and "node0-readiness" in names
+    urns = {n: d for t, n, d in deps}
+    assert any(d.endswith("tp16x2-rendezvous") for d in urns["node1-unit-file"])
+    assert {d.rsplit("::", 1)[1] for d in urns["tp16x2-service"]} >= {"node0-unit-file", "node1-unit-file"}
+
+
 class FailedRollbackRecorder(Recorder):
     """The service reports a switch whose rollback failed (what ServiceProvider records)."""
     MESSAGE = "readiness: crashed: exit 1\nrollback failed: nothing serves on rehearsal host: sglang-ep8.service did not come back"
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         name, outs = super().new_resource(args)
-        if args.typ == DYNAMIC + "SystemdService":
+        if args.typ in (DYNAMIC + "SystemdService", DYNAMIC + "MultiNodeService"):
             outs = {**outs, "switchFailure": self.MESSAGE}
         return name, outs
 
 
+@pytest.mark.parametrize("stack,prefix", [("pp8", ""), ("tp16x2", "node0-")])
 @pytest.mark.parametrize("preview", [False, True])
-def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatch, preview):
+def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatch, preview, stack, prefix):
     """RollbackFailed: the service records the failure instead of failing, so the readiness
     resource and the stack outputs can say so; a FailedSwitch (its own token, never in a state)
-    is registered after the readiness resource, carrying the message, and only in an update."""
+    is registered after the readiness resource, carrying the message, and only in an update.
+    A multi-node layout alike: its one service over every node, judged on rank 0 (node0)."""
     monkeypatch.chdir(ROOT)
     registered = record_registrations(monkeypatch, "dependencies")
     rec = FailedRollbackRecorder()
-    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack="pp8", preview=preview)
-    pulumi.runtime.set_all_config(stack_config("pp8"))
+    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=preview)
+    pulumi.runtime.set_all_config(stack_config(stack))
     from components.program import run
 
     @pulumi.runtime.test
@@ -242,8 +265,8 @@ def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatc
         assert failed == []
         return
     (typ, name, deps), = failed
-    assert name == "switch-failed"
-    readiness_urn = next(u for u in deps if u.endswith("::readiness"))
+    assert name == f"{prefix}switch-failed"
+    readiness_urn = next(u for u in deps if u.endswith(f"::{prefix}readiness"))
     assert DYNAMIC + "Readiness" in readiness_urn
     inputs = next(i for t, n, i in rec.resources if t == typ)
     assert inputs["message"] == FailedRollbackRecorder.MESSAGE

@@ -17,6 +17,7 @@ import base64
 import binascii
 import ipaddress
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Optional
 
 from pydantic import (
@@ -496,6 +497,12 @@ class ModelSettings(Settings):
         return self.kv_lora_rank > 0
 
 
+# The networks between nodes gpu-serving knows NCCL defaults for (data/node-networks.json).
+NODE_NETWORKS = ("tcp", "infiniband", "roce")
+# As many as a stack has hosts (MAX_HOSTS).
+MAX_NODES = 64
+
+
 class StrategySettings(Settings):
     # Defaults to the stack name (tp8, pp8, ep8, ...): it names the unit.
     name: Optional[_text(32, "strategy name (lower-case letters, digits, _ -)", STRATEGY_NAME)] = None
@@ -506,6 +513,19 @@ class StrategySettings(Settings):
     enable_dp_attention: bool = False
     # to_camel would spell it moeA2ABackend; users write moeA2aBackend.
     moe_a2a_backend: Literal["none", *A2A_BACKENDS] = Field("none", alias="moeA2aBackend")
+    # Multi-node (one serving instance over several machines, SGLang's --nnodes): the
+    # gpu-serving:hosts entries that form it, rank 0 first (rank = list order); or `nnodes`, the
+    # number of hosts entries, which then all form it in their order. Unset: one node.
+    nodes: Optional[list[Name]] = Field(None, max_length=MAX_NODES)
+    nnodes: Optional[int] = Field(None, ge=1, le=MAX_NODES)
+    # The port rank 0 listens on for the others (--dist-init-addr <rank 0>:<port>); 20000 as in
+    # SGLang's multi-node examples.
+    dist_init_port: int = Field(20000, ge=1024, le=65535)
+    # The network between the nodes: its NCCL defaults come from components/core/data/node-networks.json.
+    node_network: Literal[NODE_NETWORKS] = "tcp"
+    # The interface NCCL's and Gloo's bootstrap (and NCCL's socket transport) use, e.g. eth0
+    # (NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME); unset: NCCL picks one.
+    socket_interface: Optional[_text(15, "network interface name (letters, digits, _ . -)", IPV6_ZONE)] = None
 
 
 
@@ -717,6 +737,30 @@ class RolloutSettings(Settings):
     drain_timeout_seconds: float = Field(300, gt=0, le=7200)
 
 
+@dataclass(frozen=True)
+class NodePlace:
+    """One node's place in a multi-node serving instance: what its unit's --nnodes, --node-rank
+    and --dist-init-addr say."""
+
+    rank: int
+    nnodes: int
+    # The hosts entry names, rank 0 first.
+    names: tuple[str, ...]
+    # Rank 0's address as the other nodes reach it, and the rendezvous port.
+    rank0_address: str
+    port: int
+
+    @property
+    def dist_init_addr(self) -> str:
+        # An IPv6 address is bracketed, so the port stays separable.
+        host = f"[{self.rank0_address}]" if ":" in self.rank0_address else self.rank0_address
+        return f"{host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        return self.names[self.rank]
+
+
 class StackSettings(BaseModel):
     """Everything one strategy stack declares."""
 
@@ -737,17 +781,44 @@ class StackSettings(BaseModel):
     # gpu-serving:router: None without a router (a fleet switches all at once).
     router: Optional[RouterSettings] = None
     rollout: RolloutSettings = RolloutSettings()
+    # Set by `per_host` on a multi-node stack's per-node settings: this node's rank and rank 0.
+    node: Optional[NodePlace] = None
 
     @property
     def strategy_name(self) -> str:
         return self.strategy.name or self.stack
 
-    def per_host(self) -> list[tuple[str, "StackSettings"]]:
+    @property
+    def node_names(self) -> tuple[str, ...]:
+        """The hosts entries forming one multi-node instance, rank 0 first; () for one node."""
+        s = self.strategy
+        if s.nodes:
+            return tuple(s.nodes)
+        if s.nnodes and s.nnodes > 1 and len(self.hosts) == s.nnodes:
+            return tuple(h.name for h in self.hosts)
+        return ()
+
+    @property
+    def nnodes(self) -> int:
+        """How many machines one serving instance spans (1: an ordinary strategy)."""
+        return self.node.nnodes if self.node else (len(self.node_names) or 1)
+
+    def per_host(self, addresses: Optional[dict[str, str]] = None) -> list[tuple[str, "StackSettings"]]:
         """(entry name, the settings with that entry as `host`) per machine; ("", self) for the
-        one-host form, whose resources keep their names."""
+        one-host form, whose resources keep their names. A multi-node stack: the nodes in rank
+        order, each with its `node` place. `addresses`: rehearsal host name -> address (a
+        rehearsal entry has none in the settings; the program reads it from the running host)."""
         if not self.hosts:
             return [("", self)]
-        return [(h.name, self.model_copy(update={"host": h, "hosts": ()})) for h in self.hosts]
+        names = self.node_names
+        if not names:
+            return [(h.name, self.model_copy(update={"host": h, "hosts": ()})) for h in self.hosts]
+        by_name = {h.name: h for h in self.hosts}
+        first = by_name[names[0]]
+        rank0 = first.address or (addresses or {}).get(first.rehearsal) or f"rehearsal-{first.rehearsal}"
+        return [(n, self.model_copy(update={"host": by_name[n], "hosts": (), "node": NodePlace(
+                    k, len(names), names, rank0, self.strategy.dist_init_port)}))
+                for k, n in enumerate(names)]
 
 
 SECTIONS = {
@@ -822,6 +893,7 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
             errors += _validation_errors(section, exc)
     hosts = _parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
     router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors)
+    _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, router, errors)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
     return StackSettings(stack=stack, hosts=hosts, router=router, **sections)
@@ -862,6 +934,69 @@ def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError]) -
                 errors.append(SettingError(f"{where}.port", f"{router.port} is serving.port on {h.name}, the same machine",
                                            "another port, e.g. 30080"))
     return router
+
+
+def _check_nodes(strategy, serving, hosts: tuple, router, errors: list[SettingError]) -> None:
+    """strategy.nodes / strategy.nnodes against the fleet: one multi-node instance is the whole
+    stack (every hosts entry, each once, rank 0 first), on machines with the same GPU count."""
+    if strategy is None or (strategy.nodes is None and strategy.nnodes in (None, 1)):
+        return
+    where = f"{NAMESPACE}:strategy"
+    names = [h.name for h in hosts]
+    key = "nodes" if strategy.nodes is not None else "nnodes"
+    if not hosts:
+        errors.append(SettingError(f"{where}.{key}", "a multi-node layout needs the machines it spans, listed under "
+                                   "gpu-serving:hosts (one entry a node)",
+                                   "e.g. hosts: [{name: gpuA, address: ...}, {name: gpuB, address: ...}], "
+                                   "strategy.nodes: [gpuA, gpuB]"))
+        return
+    if strategy.nodes is not None:
+        nodes = list(strategy.nodes)
+        unknown = [n for n in nodes if n not in names]
+        if unknown:
+            errors.append(SettingError(f"{where}.nodes", f"{', '.join(map(repr, unknown))} is not a gpu-serving:hosts entry",
+                                       f"name hosts entries: {', '.join(names)}"))
+            return
+        twice = sorted({n for n in nodes if nodes.count(n) > 1})
+        if twice:
+            errors.append(SettingError(f"{where}.nodes", f"{', '.join(map(repr, twice))} is listed twice: a node holds one rank",
+                                       "list each node once, rank 0 first"))
+            return
+        if len(nodes) < 2:
+            errors.append(SettingError(f"{where}.nodes", "lists one node: a multi-node layout spans at least two",
+                                       "list two or more hosts entries, or remove strategy.nodes for a one-node strategy"))
+            return
+        if strategy.nnodes is not None and strategy.nnodes != len(nodes):
+            errors.append(SettingError(f"{where}.nnodes", f"nnodes {strategy.nnodes} but nodes lists {len(nodes)}",
+                                       f"set nnodes: {len(nodes)}, or leave nnodes out"))
+            return
+        left = [n for n in names if n not in nodes]
+        if left:
+            errors.append(SettingError(f"{where}.nodes", f"leaves out {', '.join(left)}: a multi-node stack is one serving "
+                                       "instance over all of its gpu-serving:hosts", f"list every entry: nodes: {names}, or "
+                                       f"move {', '.join(left)} to a stack of its own"))
+            return
+    elif strategy.nnodes != len(hosts):
+        errors.append(SettingError(f"{where}.nnodes", f"nnodes {strategy.nnodes} but gpu-serving:hosts lists {len(hosts)} "
+                                   "machines: the instance spans all of them, one rank each",
+                                   f"set nnodes: {len(hosts)}, or list the nodes by name (strategy.nodes)"))
+        return
+    if router is not None:
+        errors.append(SettingError(f"{NAMESPACE}:router", "a router fronts a fleet of independent servers; a multi-node "
+                                   "layout is one server (rank 0 answers)", "remove gpu-serving:router from this stack"))
+    counts = {h.gpu_count for h in hosts}
+    if len(counts) > 1:
+        first = hosts[0]
+        for i, h in enumerate(hosts):
+            if h.gpu_count != first.gpu_count:
+                errors.append(SettingError(f"{NAMESPACE}:{HOSTS_KEY}[{i}].gpuCount",
+                                           f"{h.name} has {h.gpu_count} GPUs, {first.name} {first.gpu_count}: every node of a "
+                                           "multi-node layout runs the same number of ranks (SGLang splits the world evenly)",
+                                           f"use nodes with {first.gpu_count} GPUs each"))
+    port = getattr(serving, "port", None)
+    if port is not None and port == strategy.dist_init_port:
+        errors.append(SettingError(f"{where}.distInitPort", f"{port} is serving.port too: rank 0 listens on both",
+                                   "another port, e.g. distInitPort: 20000"))
 
 
 def _validation_errors(section: str, exc: ValidationError, where=None) -> list[SettingError]:

@@ -25,8 +25,11 @@ from pydantic import Field
 VALUE = "value"
 # Written as `--flag` alone when the setting is true.
 SWITCH = "switch"
-# Never written: multi-node is not supported yet; refused in extraArgs with the row's `about`.
+# Never written; refused in extraArgs with the row's `about`.
 REFUSED = "refused"
+# Written from the node's place in a multi-node layout (settings.node: `derive` reads it), only
+# on a multi-node stack; refused in extraArgs (set strategy.nodes).
+DERIVED = "derived"
 
 # SGLang's choices (server_args.py), checked before anything touches a host.
 ATTENTION_BACKENDS = (
@@ -56,6 +59,7 @@ class Flag:
     omit: Any = None
     text: Callable[[Any], str] = str
     declare: Optional[tuple[Any, Any]] = None
+    derive: Optional[Callable[[Any], Any]] = None
 
     @property
     def section(self) -> str:
@@ -76,7 +80,7 @@ class Flag:
         return (self.flag, *self.aliases)
 
 
-_MULTI_NODE = "multi-node is not supported by this program yet"
+_MULTI_NODE = "set strategy.nodes (README: Multi-node)"
 
 # In ExecStart order (after the interpreter and `-m sglang.launch_server`; serving.extraArgs last).
 FLAGS: tuple[Flag, ...] = (
@@ -111,9 +115,12 @@ FLAGS: tuple[Flag, ...] = (
          aliases=("--cuda-graph-max-bs",), declare=(Optional[int], Field(None, ge=1, le=100_000))),
     Flag("--host", "serving.host", "address the server binds"),
     Flag("--port", "serving.port", "port the server listens on"),
-    Flag("--nnodes", None, _MULTI_NODE, form=REFUSED),
-    Flag("--node-rank", None, _MULTI_NODE, form=REFUSED),
-    Flag("--dist-init-addr", None, _MULTI_NODE, form=REFUSED),
+    Flag("--nnodes", "strategy.nodes", "how many nodes the layout spans (multi-node only)", form=DERIVED,
+         derive=lambda node: node.nnodes),
+    Flag("--node-rank", "strategy.nodes", "this node's rank: its place in strategy.nodes", form=DERIVED,
+         derive=lambda node: node.rank),
+    Flag("--dist-init-addr", "strategy.distInitPort", "rank 0's address and the rendezvous port", form=DERIVED,
+         aliases=("--nccl-init-addr",), derive=lambda node: node.dist_init_addr),
 )
 
 
@@ -137,8 +144,13 @@ def words(settings: Any, namespace: str) -> list[tuple[str, str]]:
     for row in FLAGS:
         if row.form == REFUSED:
             continue
-        value = getattr(getattr(settings, row.section), row.attribute)
         where = f"{namespace}:{row.setting}"
+        if row.form == DERIVED:
+            node = getattr(settings, "node", None)
+            if node is not None:
+                out += [(where, row.flag), (where, str(row.derive(node)))]
+            continue
+        value = getattr(getattr(settings, row.section), row.attribute)
         if row.form == SWITCH:
             if value:
                 out.append((where, row.flag))
@@ -162,7 +174,7 @@ def markdown(sections: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in FLAGS:
-        if row.form == REFUSED:
+        if row.form in (REFUSED, DERIVED):
             continue
         field = sections[row.section].model_fields[row.attribute]
         default = field.get_default(call_default_factory=True)
@@ -175,10 +187,15 @@ def markdown(sections: dict[str, Any]) -> str:
             written += f", not when {row.omit}"
         aliases = ", ".join(f"`{a}`" for a in row.aliases)
         lines.append(f"| `{row.flag}` | `{row.setting}` | {default} | {written} | {aliases} | {row.about} |")
+    derived = [row for row in FLAGS if row.form == DERIVED]
+    lines += ["", "Written on a multi-node layout only (`strategy.nodes` or `strategy.nnodes`), from the node's place "
+              "in it; refused in `serving.extraArgs`: "
+              + ", ".join(f"`{row.flag}` ({row.about}; `{row.setting}`)" for row in derived) + "."]
     refused = [row for row in FLAGS if row.form == REFUSED]
-    lines += ["", "Never written, refused in `serving.extraArgs`: "
-              + ", ".join(f"`{row.flag}` ({row.about})" for row in refused) + ".",
-              "",
+    if refused:
+        lines += ["", "Never written, refused in `serving.extraArgs`: "
+                  + ", ".join(f"`{row.flag}` ({row.about})" for row in refused) + "."]
+    lines += ["",
               "## Add a flag",
               "",
               "1. One row in `FLAGS` (components/core/flags.py): the flag, its setting, how it is written,",

@@ -51,6 +51,9 @@ class MemoryPlan:
     context_length: int
     token_demand: int  # max_running_requests x context_length
     warnings: list[str] = field(default_factory=list)
+    # A multi-node layout: per node (rank order) its host, the stages and TP ranks it runs and
+    # the per-GPU figures there (every GPU of a node holds the same share). Empty for one node.
+    nodes: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -143,5 +146,26 @@ def plan_memory(settings: StackSettings) -> tuple[MemoryPlan, list[SettingError]
         context_length=serving.context_length,
         token_demand=demand,
         warnings=warnings,
+        nodes=node_figures(settings, stages),
     )
     return plan, errors
+
+
+def node_figures(settings: StackSettings, stages: list[StagePlan]) -> list[dict]:
+    """Per node of a multi-node layout: which stages and TP ranks it runs (SGLang's split,
+    `Layout.node_share`) and the per-GPU weights and KV pool on it."""
+    place = settings.node
+    L = layout_of(settings)
+    if place is None or L.nnodes <= 1:
+        return []
+    out = []
+    for rank, name in enumerate(place.names):
+        tp, pp = L.node_share(rank)
+        mine = [stages[p] for p in pp if p < len(stages)]
+        if not mine:
+            continue
+        out.append({"rank": rank, "host": name, "stages": list(pp), "tp_ranks": [tp.start, tp.stop - 1],
+                    "gpus": len(tp) * len(pp), "weights_gb": max(st.weights_gb for st in mine),
+                    "kv_pool_gb": min(st.kv_pool_gb for st in mine),
+                    "max_total_tokens": min(st.max_total_tokens for st in mine)})
+    return out

@@ -50,6 +50,11 @@ class ServingPlan:
     def world_size(self) -> int:
         return self.layout.world_size
 
+    @property
+    def node_gpus(self) -> int:
+        """The GPUs this host's unit uses: the world, or its share on one node of a multi-node layout."""
+        return self.layout.world_size // self.layout.nnodes
+
     def as_dict(self) -> dict[str, Any]:
         s = self.settings
         return {
@@ -63,6 +68,8 @@ class ServingPlan:
                        "moe_a2a_backend": self.layout.moe_a2a_backend, "moe_tp_size": self.layout.moe_tp_size,
                        "attn_tp_size": self.layout.attn_tp_size},
             "world_size": self.world_size,
+            "node": ({"rank": s.node.rank, "nnodes": s.node.nnodes, "nodes": list(s.node.names),
+                      "dist_init_addr": s.node.dist_init_addr} if s.node else None),
             "memory": self.memory.as_dict(),
             "unit_name": self.unit.name,
             "conflicts": self.unit.conflicts,
@@ -119,17 +126,33 @@ def build_plan(settings: StackSettings, project_environment: dict[str, str] | No
 
 
 def build_plans(settings: StackSettings, project_environment: dict[str, str] | None = None,
-                project_environment_dir: str | None = None) -> list[tuple[str, ServingPlan]]:
-    """(host name, plan) for every host of the stack; ("", plan) for the one-host form. Every
-    host's plan is checked before any is returned: one host that cannot run the strategy stops
-    the whole stack before anything touches any host."""
+                project_environment_dir: str | None = None,
+                addresses: dict[str, str] | None = None) -> list[tuple[str, ServingPlan]]:
+    """(host name, plan) for every host of the stack; ("", plan) for the one-host form; a
+    multi-node stack's nodes in rank order. Every host's plan is checked before any is returned:
+    one host that cannot run the strategy stops the whole stack before anything touches any host.
+    `addresses`: rehearsal host name -> address, for rank 0's --dist-init-addr."""
     plans, errors = [], []
-    for name, s in settings.per_host():
+    per_host = settings.per_host(addresses)
+    by_host: list[tuple[str, list[SettingError]]] = []
+    for name, s in per_host:
         try:
             plans.append((name, build_plan(s, project_environment, project_environment_dir)))
         except ConfigError as exc:
-            # Name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
-            errors += [SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix) for e in exc.errors]
+            by_host.append((name, exc.errors))
+    # A rule every node of a multi-node layout breaks alike is one error, named once; the rest
+    # name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
+    everywhere = set.intersection(*(set(map(str, e)) for _, e in by_host)) if settings.node_names and \
+        len(by_host) == len(per_host) else set()
+    seen: set[str] = set()
+    for name, host_errors in by_host:
+        for e in host_errors:
+            if str(e) in everywhere:
+                if str(e) not in seen:
+                    errors.append(e)
+                    seen.add(str(e))
+            else:
+                errors.append(SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix))
     if errors:
         raise ConfigError(errors, f"stack {settings.stack}")
     return plans
@@ -201,7 +224,7 @@ class CheckedStack:
     warnings: list[str]
 
 
-def check_stack(stack: str, raw: RawConfig, project_dir: Path) -> CheckedStack:
+def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[str, str] | None = None) -> CheckedStack:
     """THE check of a stack, for `python -m components plan` and for the program under `pulumi
     preview` and `up` alike (issue 13.6): the config keys and secrets, every setting, SGLang's rules
     and the memory plan of every host, the CUDA source, and what ties this stack to the project's
@@ -215,7 +238,7 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path) -> CheckedStack:
         raise ConfigError(errors + exc.errors, f"stack {stack}") from None
     plans: list[tuple[str, ServingPlan]] = []
     try:
-        plans = build_plans(settings, project_environment(project), project_environment_dir(project))
+        plans = build_plans(settings, project_environment(project), project_environment_dir(project), addresses)
     except ConfigError as exc:
         errors += exc.errors
     errors += settings_problems(settings.cuda)

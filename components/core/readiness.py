@@ -360,3 +360,52 @@ def compare_running(declared_argv: list[str], declared_environment: dict[str, st
 def running_reason(differences: list[str]) -> str:
     """The value of the service's `runningServer` field when the process differs."""
     return "the running server was started from other settings (an up restarts it): " + "; ".join(differences)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-node layouts (issue 17). Only rank 0 runs the HTTP server and the tokenizer; every other
+# rank answers 200 on /health and /health_generate from a dummy server whatever happens, so it is
+# judged by its unit alone: still the process it started as, not restarted, not failed. Whether
+# it joined rank 0 comes from its journal: each SGLang TP rank logs this line once its process
+# group is up (model_runner: "Init torch distributed ends").
+JOINED_LINE = "Init torch distributed ends"
+
+
+def rank_problem(baseline: UnitState, now: UnitState) -> Optional[str]:
+    """What is wrong with a rank >= 1 since its start (None: it runs as it started)."""
+    if now.active_state in ("failed", "inactive") or now.main_pid == 0:
+        return f"its unit is {now.active_state} ({now.result or 'no result'}, exit status {now.exec_main_status})"
+    if now.n_restarts > baseline.n_restarts:
+        return f"systemd restarted it {now.n_restarts - baseline.n_restarts} time(s)"
+    if baseline.main_pid and now.main_pid != baseline.main_pid:
+        return f"its main process changed (pid {baseline.main_pid} -> {now.main_pid})"
+    return None
+
+
+@dataclass(frozen=True)
+class RankState:
+    """A rank >= 1 after rank 0's verdict: `problem` from `rank_problem`, `joined` from its journal."""
+
+    rank: int
+    host: str
+    problem: Optional[str]
+    joined: bool
+
+
+def judge_ranks(rank0_status: str, rank0_reason: str, ranks: list[RankState]) -> tuple[str, str, Optional[int]]:
+    """The layout's verdict from rank 0's and the other ranks' states: (status, reason, the rank
+    whose journal explains it, or None for rank 0's). Rank 0 ready and every rank as it started:
+    ready. Rank 0 not ready and a rank whose journal shows no join: timed_out, "rank k on <host>
+    did not join". A rank that joined, then failed or restarted: crashed_during_load, naming it."""
+    missing = [r for r in ranks if not r.joined]
+    if rank0_status != READY and missing:
+        # Rank 0 cannot be ready without every rank: the ones that never joined are the cause,
+        # whether they still wait or gave up (then their unit's state is said too).
+        names = "; ".join(f"rank {r.rank} on {r.host} did not join" + (f" ({r.problem})" if r.problem else "") for r in missing)
+        return TIMED_OUT, f"{names}; rank 0: {rank0_status}" + (f" ({rank0_reason})" if rank0_reason else ""), missing[0].rank
+    broken = [r for r in ranks if r.problem]
+    if broken:
+        r = broken[0]
+        return CRASHED, f"rank {r.rank} on {r.host}: {r.problem}" + (
+            f"; rank 0: {rank0_status}" + (f" ({rank0_reason})" if rank0_reason else "") if rank0_status != READY else ""), r.rank
+    return rank0_status, rank0_reason, None

@@ -42,6 +42,7 @@ class Layout:
     dp_size: int
     enable_dp_attention: bool
     moe_a2a_backend: str
+    nnodes: int = 1
 
     @property
     def world_size(self) -> int:
@@ -65,12 +66,58 @@ class Layout:
             parts.append("dp-attention")
         if self.moe_a2a_backend != "none":
             parts.append(f"a2a {self.moe_a2a_backend}")
+        if self.nnodes > 1:
+            parts.append(f"{self.nnodes} nodes")
         return ", ".join(parts)
+
+    def node_share(self, rank: int) -> tuple[range, range]:
+        """(TP ranks, pipeline stages) node `rank` runs, as SGLang's launcher assigns them: the
+        nodes of one stage split its TP group in order (nodes per TP group = nnodes / pp, at least
+        1); each node runs pp / nnodes whole stages (at least 1), stage groups in node order."""
+        per_group = max(self.nnodes // self.pp_size, 1)
+        tp_per_node = self.tp_size // per_group
+        pp_per_node = max(self.pp_size // self.nnodes, 1)
+        tp = range(tp_per_node * (rank % per_group), tp_per_node * (rank % per_group + 1))
+        stage = rank // per_group
+        return tp, range(pp_per_node * stage, pp_per_node * (stage + 1))
 
 
 def layout_of(settings: StackSettings) -> Layout:
     s = settings.strategy
-    return Layout(s.tp_size, s.pp_size, s.ep_size, s.dp_size, s.enable_dp_attention, s.moe_a2a_backend)
+    return Layout(s.tp_size, s.pp_size, s.ep_size, s.dp_size, s.enable_dp_attention, s.moe_a2a_backend, settings.nnodes)
+
+
+def check_nodes(settings: StackSettings, L: Layout) -> list[SettingError]:
+    """Multi-node rules (SGLang: (tp x pp) % nnodes == 0 and its launcher's node split; a plain DP
+    replica per node is the router's job). Empty for one node."""
+    n, gpus = L.nnodes, settings.host.gpu_count
+    if n <= 1:
+        return []
+    errors = []
+    if L.dp_size > 1 and not L.enable_dp_attention:
+        errors.append(SettingError(f"{S}.dpSize", f"plain data parallelism (dpSize {L.dp_size}) does not span nodes in "
+                                   "SGLang: across nodes DP needs DP attention", "set enableDpAttention: true, or "
+                                   "dpSize: 1 (one replica a node is a fleet behind gpu-serving:router)"))
+    if (L.tp_size * L.pp_size) % n != 0:
+        errors.append(SettingError(S, f"tp {L.tp_size} x pp {L.pp_size} = {L.tp_size * L.pp_size} is not divisible by "
+                                   f"the {n} nodes (SGLang splits the world evenly over them)",
+                                   f"for {n} nodes of {gpus} GPUs use e.g. tpSize {n * gpus}, or tpSize {gpus}, ppSize {n}"))
+        return errors
+    if L.pp_size % n != 0 and n % L.pp_size != 0:
+        errors.append(SettingError(f"{S}.ppSize", f"ppSize {L.pp_size} over {n} nodes: SGLang gives each node whole "
+                                   "pipeline stages (ppSize a multiple of nnodes) or each stage whole nodes (nnodes a "
+                                   "multiple of ppSize)", f"use ppSize {n} (one stage a node) or ppSize 1"))
+        return errors
+    network = settings.strategy.node_network
+    if network != "tcp" and settings.serving.environment.get("NCCL_IB_DISABLE") == "1":
+        errors.append(SettingError(f"{SERVING}.environment.NCCL_IB_DISABLE",
+                                   f"is 1 (no InfiniBand transport), but strategy.nodeNetwork is {network}: NCCL would "
+                                   "fall back to sockets between the nodes", "set NCCL_IB_DISABLE: \"0\" in this stack's "
+                                   "serving.environment (or Pulumi.yaml's), or nodeNetwork: tcp"))
+    if n % L.pp_size == 0 and L.tp_size % (n // L.pp_size) != 0:
+        errors.append(SettingError(f"{S}.tpSize", f"tpSize {L.tp_size} does not split over the {n // L.pp_size} nodes of "
+                                   "each pipeline stage", f"use tpSize {gpus * (n // L.pp_size)}"))
+    return errors
 
 
 def _divisors(n: int) -> list[int]:
@@ -107,7 +154,17 @@ def check_strategy(settings: StackSettings) -> list[SettingError]:
             errors.append(SettingError(
                 f"{S}.dpSize", f"with DP attention dpSize must divide tpSize ({L.tp_size} % {L.dp_size} != 0)", fix))
 
-    if L.world_size != gpus:
+    if L.nnodes > 1:
+        if L.world_size != gpus * L.nnodes:
+            formula = (f"tp {L.tp_size} x pp {L.pp_size}" if L.enable_dp_attention or L.dp_size == 1
+                       else f"dp {L.dp_size} x tp {L.tp_size} x pp {L.pp_size}")
+            errors.append(SettingError(
+                S, f"world size {formula} = {L.world_size} must equal nnodes {L.nnodes} x host.gpuCount {gpus} = "
+                   f"{gpus * L.nnodes} (one rank per GPU on every node)",
+                f"for {L.nnodes} nodes of {gpus} GPUs use e.g. tpSize {gpus * L.nnodes}, or tpSize {gpus}, ppSize {L.nnodes}"))
+        else:
+            errors += check_nodes(settings, L)
+    elif L.world_size != gpus:
         formula = (f"tp {L.tp_size} x pp {L.pp_size}" if L.enable_dp_attention
                    else f"dp {L.dp_size} x tp {L.tp_size} x pp {L.pp_size}")
         errors.append(SettingError(
@@ -254,7 +311,8 @@ def check_visible_gpus(settings: StackSettings) -> list[SettingError]:
     visible to the server. SGLang gives the rank of pipeline stage p, TP rank t the GPU
     base_gpu_id + p x tp + t x gpu_id_step (scheduler launch), counted among the visible GPUs."""
     L = layout_of(settings)
-    world = L.world_size
+    # The ranks one node runs (the whole world on one node).
+    world = L.world_size // L.nnodes
     gpus = settings.host.gpu_count
     errors: list[SettingError] = []
     visible = gpus
@@ -272,8 +330,9 @@ def check_visible_gpus(settings: StackSettings) -> list[SettingError]:
     if base is None and step is None:
         return errors
     base, step = base or 0, step if step is not None else 1
-    groups = world // max(L.tp_size, 1)
-    highest = base + (groups - 1) * L.tp_size + (L.tp_size - 1) * step
+    tp_here = L.tp_size // max(L.nnodes // L.pp_size, 1) if L.nnodes > 1 else L.tp_size
+    groups = world // max(tp_here, 1)
+    highest = base + (groups - 1) * tp_here + (tp_here - 1) * step
     if base < 0 or step < 1 or highest >= visible:
         flag = "--base-gpu-id" if _flag_value(args, "--base-gpu-id") is not None else "--gpu-id-step"
         index = next(i for i, a in enumerate(args) if a == flag or a.startswith(flag + "="))

@@ -11,8 +11,11 @@ Pulumi input, and a stable text is what makes the preview diff show only real ch
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 from . import flags
 from .config import ENV_KEY, NAMESPACE, StackSettings
@@ -112,6 +115,25 @@ def environment_path(settings: StackSettings) -> str:
     return f"{settings.serving.environment_dir}/{settings.model.name}.env"
 
 
+@lru_cache(maxsize=1)
+def node_networks() -> dict:
+    """data/node-networks.json: NCCL's defaults per network between nodes."""
+    data = json.loads((Path(__file__).parent / "data" / "node-networks.json").read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def node_network_environment(settings: StackSettings) -> dict[str, str]:
+    """A multi-node layout's NCCL defaults (strategy.nodeNetwork, strategy.socketInterface); {}
+    for one node."""
+    if settings.nnodes <= 1:
+        return {}
+    s = settings.strategy
+    env = dict(node_networks()[s.node_network]["environment"])
+    if s.socket_interface:
+        env.update(NCCL_SOCKET_IFNAME=s.socket_interface, GLOO_SOCKET_IFNAME=s.socket_interface)
+    return env
+
+
 def environment(settings: StackSettings) -> dict[str, str]:
     """The strategy's whole environment (without secrets): what its server runs with.
 
@@ -128,7 +150,7 @@ def environment(settings: StackSettings) -> dict[str, str]:
         # The CUDA runtime SGLang's wheels bring (nvidia/cu13) first, then the toolkit's.
         "LD_LIBRARY_PATH": f"{site}/nvidia/cu{cuda.major}/lib:{cuda.home}/lib64",
     }
-    merged = {**derived, **settings.serving.environment}
+    merged = {**derived, **node_network_environment(settings), **settings.serving.environment}
     return dict(sorted(merged.items()))
 
 
@@ -221,7 +243,8 @@ def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None
         f"# Managed by gpu-serving (stack {settings.stack}); hand edits are drift.",
         "[Unit]",
         f"Description=SGLang {settings.model.served_name} {settings.strategy_name} "
-        f"(tp {layout.tp_size}, pp {layout.pp_size}, ep {layout.ep_size}, dp {layout.dp_size}) on port {s.port}",
+        f"(tp {layout.tp_size}, pp {layout.pp_size}, ep {layout.ep_size}, dp {layout.dp_size}) on port {s.port}"
+        + (f", node rank {settings.node.rank} of {settings.node.nnodes}" if settings.node else ""),
         f"{MARKER_KEY}={settings.stack}",
         "After=network-online.target",
         "Wants=network-online.target",

@@ -25,6 +25,7 @@ import copy
 import functools
 import hashlib
 import io
+import os
 import posixpath
 import secrets
 import shlex
@@ -78,6 +79,20 @@ prefetched = readcache.ReadCache()
 REHEARSAL_RUN = "/run/gpu-serving/rehearsal"
 # Parts of a connection that only name it in messages: never a reason to reconnect or update.
 CONNECTION_LABELS = ("entry", "keyFrom", "rehearsal")
+
+
+def rehearsal_addresses() -> dict[str, str]:
+    """Every running rehearsal host's address by name (from the host.json files)."""
+    out = {}
+    try:
+        names = os.listdir(REHEARSAL_RUN)
+    except OSError:
+        return out
+    for name in names:
+        info = rehearsal_info(name)
+        if info and isinstance(info.get("address"), str):
+            out[name] = info["address"]
+    return out
 
 
 def rehearsal_info(name: str) -> Optional[dict]:

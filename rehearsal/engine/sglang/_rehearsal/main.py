@@ -9,6 +9,10 @@ Phases, as SGLang goes through them:
   5. size the KV pool (mem_fraction_static covers weights + KV pool; "Not enough memory" if not);
   6. bind the HTTP port, warm up for $REHEARSAL_WARMUP_SECONDS (/health answers 503), then log
      "The server is fired up and ready to roll!".
+With --nnodes > 1, step 3 includes the rendezvous of every node (rendezvous.py): node 0 listens on
+the --dist-init-addr port, the others connect to it; all load in step; node 0 serves the HTTP
+API for the whole world while nodes >= 1 run SGLang's dummy health server (200 to /health and
+/health_generate whatever happens). A node that goes away fails the others.
 SIGTERM or SIGINT stops it cleanly (exit 0). Faults are injected with $REHEARSAL_FAULT
 (see FAULTS below). Nothing here pretends to be SGLang: the version says "rehearsal".
 """
@@ -26,10 +30,11 @@ import time
 from sglang.version import __version__
 from sglang._rehearsal import args as cli
 from sglang._rehearsal import gpus as gpu_mod
+from sglang._rehearsal import rendezvous as rdv
 from sglang._rehearsal import rules
 from sglang._rehearsal.performance import Layout, PerformanceModel, interconnect_from_topology
 from sglang._rehearsal.rules import GiB, MiB, Refusal
-from sglang._rehearsal.server import EngineHTTPServer, new_request_id, serve
+from sglang._rehearsal.server import DummyHealthServer, EngineHTTPServer, new_request_id, serve
 
 FAULTS = {
     "crash_during_load": "exit non-zero halfway through the weight load, with a traceback in the log",
@@ -38,8 +43,14 @@ FAULTS = {
     "die_after_requests": "die_after_requests:N - exit non-zero after serving N generation requests",
     "health_fail_after_ready": "become ready, then answer 503 on /health and /health_generate forever",
     "rewrite_layout": "report an ep_size in /server_info different from the one resolved at launch",
+    "never_join": "multi-node: this node never joins the rendezvous (node 0 times out naming it)",
+    "crash_after_join": "multi-node: this node exits non-zero after the rendezvous, during the weight load",
 }
+MULTI_NODE_FAULTS = ("never_join", "crash_after_join")
 DEFAULT_WARMUP_SECONDS = 1.0
+# torch.distributed's default timeout for an NCCL process group (SGLang passes --dist-timeout,
+# None by default): the rendezvous of a multi-node world waits this long for the other nodes.
+DEFAULT_RENDEZVOUS_SECONDS = 600.0
 DEFAULT_STATE_DIR = "/run/rehearsal-gpu"
 LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40, "critical": 50}
 
@@ -106,6 +117,12 @@ class Engine:
         self.perf_layout = None
         self.running = 0  # requests between prefill and their last token
         self.declared_ep_size = None
+        # Multi-node: node 0's listener and links, or a node's link to node 0.
+        self.rdv_server = None
+        self.rank0_link = None
+        self.nodes: list[dict] = []        # every node of the world as node 0 saw it join
+        self.world_free_mib = None         # the smallest free GPU memory of the world
+        self.lost_reason = None            # a peer node went away (set once)
 
     # ------------------------------------------------------------------ HTTP-facing behaviour
     @property
@@ -237,6 +254,9 @@ class Engine:
                 "phase": self.state,
                 "fault": self.fault,
                 "world_size": rules.compute_world_size(self.args),
+                "nnodes": self.args.nnodes,
+                "gpus_per_node": len(self.used_gpus),
+                "nodes": self.nodes,
                 "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in self.used_gpus],
                 "pp_layer_partition": plan.layers_per_stage,
                 "weights_per_gpu_gib": [round(w / GiB, 2) for w in plan.weights_per_gpu],
@@ -255,7 +275,9 @@ class Engine:
             return {"pacing": "none"}
         layers = self.model.num_layers
         return {"pacing": "model", "parameters": "sglang/_rehearsal/performance.json",
-                "interconnect": self.perf_layout.interconnect, "running": self.running,
+                "interconnect": self.perf_layout.interconnect,
+                "cross_node": self.perf_layout.cross_node if self.perf_layout.nnodes > 1 else None,
+                "running": self.running,
                 "output_tok_s": {str(c): round(self.perf.output_tok_s(self.perf_layout, layers, c), 1)
                                  for c in (1, 32, 64)}}
 
@@ -297,15 +319,18 @@ class Engine:
             raise Stop()
 
     def rank_prefix(self) -> str:
+        """The log prefix of this node's first scheduler (node 1 of TP16 x 2 logs as TP8)."""
+        tp_ranks, pp_ranks = rules.node_ranks(self.args)
+        tp, pp = tp_ranks.start, pp_ranks.start
         parts = []
         if self.args.enable_dp_attention:
             parts.append("DP0")
         if self.args.pp_size > 1:
-            parts.append("PP0")
+            parts.append(f"PP{pp}")
         if self.args.tp_size > 1:
-            parts.append("TP0")
+            parts.append(f"TP{tp}")
         if self.args.ep_size > 1:
-            parts.append("EP0")
+            parts.append(f"EP{tp // (self.args.tp_size // self.args.ep_size)}")
         return (" " + " ".join(parts)) if parts else ""
 
     def start(self) -> int:
@@ -313,6 +338,10 @@ class Engine:
         if self.fault == "invalid":
             log.error(f"rehearsal: REHEARSAL_FAULT={env.get('REHEARSAL_FAULT')!r} is not a known fault; "
                       f"known: {', '.join(sorted(FAULTS))}")
+            return 1
+        if self.fault in MULTI_NODE_FAULTS and args.nnodes < 2:
+            log.error(f"rehearsal: REHEARSAL_FAULT={self.fault} needs a multi-node world (--nnodes 2 or more); "
+                      f"this command line has --nnodes {args.nnodes}")
             return 1
         log.info(f"rehearsal engine sglang-rehearsal {__version__}: SGLang's command line and rules, "
                  "no model and no GPU work")
@@ -336,13 +365,19 @@ class Engine:
                         + (f":{self.fault_arg}" if self.fault_arg is not None else ""))
         log.prefix = self.rank_prefix()
         try:
-            self.launch()
-        except Refusal as refusal:
-            return self.fail(refusal)
-        except Stop:
-            log.info("Received SIGTERM while starting. Exiting.")
-            return 0
-        return self.run()
+            try:
+                self.launch()
+            except Refusal as refusal:
+                return self.fail(refusal)
+            except Stop:
+                if self.lost_reason:
+                    self.report_lost()
+                    return 1
+                log.info("Received SIGTERM while starting. Exiting.")
+                return 0
+            return self.run() if args.node_rank == 0 else self.run_dummy()
+        finally:
+            self.leave_world()
 
     def launch(self):
         args, env, log = self.args, self.env, self.log
@@ -364,19 +399,19 @@ class Engine:
         self.used_gpus = [self.visible[i] for i in ids]
         log.info("Init torch distributed begin.", rank=True)
         if args.nnodes > 1:
-            log.warning(f"rehearsal: waiting for the other {args.nnodes - 1} node(s) at {args.dist_init_addr}; "
-                        "a rehearsal host is one node, so this never completes (like a real node whose "
-                        "peers never start)", rank=True)
-            self.wait(None)
+            self.join_world()
         log.info("Init torch distributed ends. mem usage=0.00 GB", rank=True)
         self.layout = rules.check_model_layout(args, self.model)
-        if self.perf:
-            self.perf_layout = Layout.from_args(args, self.read_interconnect())
+        if self.perf and args.node_rank == 0:  # only node 0 generates
+            self.perf_layout = Layout.from_args(args, self.read_interconnect(), cross_node=self.cross_node())
             log.info(f"rehearsal: token pace from the performance model: {self.perf_layout}")
         free = [g.free_mib * MiB for g in self.used_gpus]
+        # SGLang sizes memory by the smallest free GPU memory of the whole world (a distributed
+        # min); a node whose own GPUs have much more fails "unbalanced", as on one node.
+        world_free = free + ([self.world_free_mib * MiB] if self.world_free_mib is not None else [])
         oom = None
         try:
-            self.plan = rules.plan_memory(args, self.model, free, env)
+            self.plan = rules.plan_memory(args, self.model, world_free, env)
         except Refusal as refusal:
             if refusal.exc_type != "torch.OutOfMemoryError":
                 raise
@@ -385,7 +420,7 @@ class Engine:
         log.info(f"Load weight begin. avail mem={min(free) / GiB:.2f} GB", rank=True)
         if self.fault == "hang_during_load":
             self.wait(None)
-        if self.fault in ("crash_during_load", "oom_during_load") or oom:
+        if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join") or oom:
             self.wait(load_seconds / 2)
             if oom:
                 raise oom
@@ -393,9 +428,11 @@ class Engine:
                 raise Refusal("load", "torch.OutOfMemoryError",
                               "CUDA out of memory. Tried to allocate 2.00 GiB. (rehearsal fault oom_during_load)")
             raise Refusal("load", "RuntimeError",
-                          "CUDA error: an illegal memory access was encountered (rehearsal fault crash_during_load)")
+                          f"CUDA error: an illegal memory access was encountered (rehearsal fault {self.fault})")
         self.wait(load_seconds)
-        weights = max(self.plan.weights_per_gpu)
+        _, pp_ranks = rules.node_ranks(args)
+        # This node's GPUs hold its own pipeline stages only.
+        weights = max(self.plan.weights_per_gpu[s] for s in pp_ranks)
         log.info(f"Load weight end. type={self.model.architecture}, dtype=torch.{self.model.checkpoint.get('torch_dtype', 'bfloat16')}, "
                  f"avail mem={(min(free) - weights) / GiB:.2f} GB, mem usage={weights / GiB:.2f} GB.", rank=True)
         for level, message in rules.finish_memory(args, self.plan):
@@ -415,6 +452,186 @@ class Engine:
         if self.fault == "rewrite_layout":
             log.warning(f"rehearsal fault rewrite_layout: /server_info will report ep_size={self.reported_ep_size()} "
                         f"instead of {args.ep_size}")
+        if args.nnodes > 1:
+            self.finish_together()
+
+    # ------------------------------------------------------------------ multi-node
+    def rendezvous_seconds(self) -> float:
+        value = self.env.get("REHEARSAL_RENDEZVOUS_SECONDS")
+        if value not in (None, ""):
+            return max(float(value), 0.1)
+        if self.args.dist_timeout:
+            return float(self.args.dist_timeout)
+        return DEFAULT_RENDEZVOUS_SECONDS
+
+    def cross_node(self) -> str:
+        """The fabric between nodes as NCCL would pick it: InfiniBand unless NCCL_IB_DISABLE."""
+        return "tcp" if self.env.get("NCCL_IB_DISABLE", "0") not in ("", "0") else "infiniband"
+
+    def hello(self) -> dict:
+        """What a node tells node 0 about itself: its rank, its layout, its GPUs."""
+        a = self.args
+        return {"node_rank": a.node_rank, "nnodes": a.nnodes, "world_size": rules.compute_world_size(a),
+                "tp_size": a.tp_size, "pp_size": a.pp_size, "dp_size": a.dp_size, "ep_size": a.ep_size,
+                "enable_dp_attention": a.enable_dp_attention,
+                "model": {"architecture": self.model.architecture, "num_hidden_layers": self.model.num_layers,
+                          "checkpoint_bytes": self.model.checkpoint.get("checkpoint_bytes")},
+                "gpus": len(self.used_gpus), "gpu_name": self.used_gpus[0].name,
+                "free_min_mib": min(g.free_mib for g in self.used_gpus), "version": __version__}
+
+    def join_world(self):
+        args = self.args
+        try:
+            host, port = rdv.parse_addr(args.dist_init_addr)
+        except ValueError as exc:
+            raise Refusal("launch", "ValueError", str(exc), "--dist-init-addr is node 0's address, host:port")
+        window = self.rendezvous_seconds()
+        deadline = time.monotonic() + window
+        try:
+            if args.node_rank == 0:
+                self.gather_world(port, window, deadline)
+            else:
+                self.reach_node0(host, port, window, deadline)
+        except rdv.RendezvousError as err:
+            raise Refusal("launch", err.exc_type, err.message, err.note)
+
+    def gather_world(self, port: int, window: float, deadline: float):
+        args, log = self.args, self.log
+        world = rules.compute_world_size(args)
+        per_node = world // args.nnodes
+        expected = set(range(1, args.nnodes))
+        if self.fault == "never_join":
+            log.warning(f"rehearsal fault never_join: node 0 does not open the rendezvous port {port}", rank=True)
+            self.wait(window)
+            raise Refusal("launch", "RuntimeError", "rehearsal fault never_join: node 0 never opened its rendezvous port",
+                          f"no node could join within {window:g} s")
+        self.rdv_server = server = rdv.Server(port, log)
+        server.listen()
+        missing_text = ", ".join(map(str, sorted(expected)))
+        log.info(f"rehearsal: rendezvous of {args.nnodes} nodes (world size {world}, {per_node} GPUs per node) on "
+                 f"port {port} (every address); waiting up to {window:g} s for node rank(s) {missing_text}", rank=True)
+        missing = server.gather(expected, deadline, self.stop, self.on_hello)
+        if self.stop.is_set():
+            raise Stop()
+        if missing:
+            joined = per_node * (args.nnodes - len(missing))
+            names = ", ".join(map(str, sorted(missing)))
+            raise Refusal("launch", "torch.distributed.DistStoreError",
+                          f"Timed out after {int(window) + 1} seconds waiting for clients. {joined}/{world} clients joined.",
+                          f"node rank(s) {names} did not join the rendezvous on port {port} within {window:g} s")
+        ours = self.hello()
+        self.world_free_mib = min([ours["free_min_mib"]] + [hello["free_min_mib"] for _, hello in server.joined.values()])
+        self.nodes = [self.node_entry(0, rdv.parse_addr(args.dist_init_addr)[0], ours)]
+        for rank, (link, hello) in sorted(server.joined.items()):
+            self.nodes.append(self.node_entry(rank, link.peer, hello))
+        server.broadcast({"go": {"world_free_min_mib": self.world_free_mib, "nodes": self.nodes}})
+        for rank, link in server.links():
+            self.watch(link, f"node rank {rank} ({link.peer})")
+        where = ", ".join(f"node {n['node_rank']} at {n['address']}" for n in self.nodes)
+        log.info(f"rehearsal: every node joined: {where}", rank=True)
+
+    def node_entry(self, rank: int, address: str, hello: dict) -> dict:
+        per_node = hello["world_size"] // hello["nnodes"]
+        return {"node_rank": rank, "address": address, "gpus": hello["gpus"], "gpu_name": hello["gpu_name"],
+                "gpu_ranks": [rank * per_node, (rank + 1) * per_node - 1], "free_min_mib": hello["free_min_mib"]}
+
+    def on_hello(self, rank, hello: dict, address: str):
+        """Node 0 checks a joining node: the same world, the same model, a rank of its own."""
+        args = self.args
+        ours = self.hello()
+        if not isinstance(rank, int) or not 1 <= rank < args.nnodes:
+            self.refuse_world(f"a node at {address} joined with node rank {rank!r}, not in 1..{args.nnodes - 1}")
+        for key in ("nnodes", "world_size", "tp_size", "pp_size", "dp_size", "ep_size", "enable_dp_attention", "model"):
+            if hello.get(key) != ours[key]:
+                self.refuse_world(f"node rank {rank} ({address}) joined with {key}={hello.get(key)!r}; "
+                                  f"node 0 has {key}={ours[key]!r}")
+        self.log.info(f"rehearsal: node rank {rank} joined from {address}: {hello.get('gpus')} x {hello.get('gpu_name')}, "
+                      f"{hello.get('free_min_mib')} MiB free per GPU", rank=True)
+
+    def refuse_world(self, reason: str):
+        self.rdv_server.broadcast({"refused": reason})
+        raise rdv.RendezvousError("RuntimeError", reason,
+                                  "every node must run the same command line but --node-rank; real SGLang hangs or "
+                                  "fails in NCCL init on such a world, the rehearsal refuses it at the rendezvous")
+
+    def reach_node0(self, host: str, port: int, window: float, deadline: float):
+        args, log = self.args, self.log
+        if self.fault == "never_join":
+            log.warning(f"rehearsal fault never_join: node {args.node_rank} does not connect to {host}:{port}", rank=True)
+            self.wait(window)
+            raise Refusal("launch", "torch.distributed.DistNetworkError",
+                          f"The client socket has timed out after {int(window * 1000)}ms while trying to connect to "
+                          f"({host}, {port}).", "rehearsal fault never_join: this node never tried")
+        link = rdv.connect(host, port, deadline, self.stop, log, window)
+        if link is None:
+            raise Stop()
+        self.rank0_link = link
+        link.send({"hello": self.hello()})
+        link.start()
+        log.info(f"rehearsal: node {args.node_rank} connected to node 0 at {host}:{port}; waiting for every node",
+                 rank=True)
+        # Node 0 answers when every node joined, or gives up at its own deadline (then closes).
+        answer = link.wait_for(("go", "refused"), self.stop, deadline + 30)
+        if self.stop.is_set():
+            raise Stop()
+        if answer is None:
+            raise Refusal("launch", "torch.distributed.DistNetworkError",
+                          "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+                          "shutdown or crash?",
+                          f"node 0 at {host}:{port} closed the rendezvous before every node joined "
+                          "(it timed out or failed: see its log)")
+        if "refused" in answer:
+            raise Refusal("launch", "RuntimeError", str(answer["refused"]),
+                          "node 0 refused this node at the rendezvous")
+        go = answer["go"]
+        self.world_free_mib = int(go["world_free_min_mib"])
+        self.nodes = list(go.get("nodes") or [])
+        self.watch(link, f"node 0 ({host}:{port})")
+        log.info(f"rehearsal: every node joined ({args.nnodes} nodes); loading in step with node 0", rank=True)
+
+    def watch(self, link, who: str):
+        """From now on a lost link fails this node (a real NCCL communicator fails that way)."""
+        link.who = who
+        link.on_lost = self.peer_lost
+        if link.lost.is_set():
+            self.peer_lost(link, link.lost_reason)
+
+    def peer_lost(self, link, reason: str):
+        with self.lock:
+            if self.lost_reason is not None or self.stop.is_set():
+                return  # already failing, or stopping anyway
+            self.lost_reason = f"{getattr(link, 'who', link.peer)} is gone: {reason}"
+            self.exit_code = 1
+        self.stop.set()
+
+    def report_lost(self):
+        self.crash("torch.distributed.DistBackendError",
+                   "NCCL error: remote process exited or there was a network error", self.lost_reason)
+        self.log.error("Received sigquit from a child process. It usually means the child failed.")
+
+    def finish_together(self):
+        """Nodes finish loading in step: node 0 serves once every node has loaded."""
+        if self.args.node_rank == 0:
+            for _, link in self.rdv_server.links():
+                if link.wait_for(("loaded",), self.stop) is None:
+                    self.check_lost(link)
+            self.rdv_server.broadcast({"serving": True})
+        else:
+            link = self.rank0_link
+            link.send({"loaded": self.args.node_rank})
+            if link.wait_for(("serving",), self.stop) is None:
+                self.check_lost(link)
+
+    def check_lost(self, link):
+        if link.lost.is_set():
+            self.peer_lost(link, link.lost_reason)
+        raise Stop()
+
+    def leave_world(self):
+        for closer in (self.rdv_server, self.rank0_link):
+            if closer is not None:
+                closer.close()
+        self.rdv_server = self.rank0_link = None
 
     def load_seconds(self) -> float:
         value = self.env.get("REHEARSAL_LOAD_SECONDS")
@@ -470,6 +687,9 @@ class Engine:
             self.stop.wait()
         except Stop:
             pass
+        if self.lost_reason:
+            self.state = "failed"
+            self.report_lost()
         if self.exit_code == 0:
             self.state = "stopping"
             log.info("Received SIGTERM. Shutting down.")
@@ -477,6 +697,30 @@ class Engine:
         self.server.server_close()
         if self.exit_code == 0:
             log.info("rehearsal: server stopped")
+        return self.exit_code
+
+
+    def run_dummy(self) -> int:
+        """A node >= 1 once loaded: SGLang's dummy health server on --port (200 to /ping, /health
+        and /health_generate whatever happens; no generation), until stopped or node 0 goes away."""
+        args, log = self.args, self.log
+        log.prefix = ""
+        try:
+            self.server = DummyHealthServer((args.host, args.port), self)
+        except OSError as exc:
+            log.error(f"[Errno {exc.errno}] error while attempting to bind on address "
+                      f"('{args.host}', {args.port}): {exc.strerror.lower() if exc.strerror else exc}")
+            return 1
+        serve(self.server)
+        log.info(f"Starting dummy health check server at {args.host}:{args.port}")
+        self.state = "ready"
+        self.stop.wait()
+        self.server.shutdown()
+        self.server.server_close()
+        if self.lost_reason:
+            self.report_lost()
+            return 1
+        log.info("Received SIGTERM. Shutting down.")
         return self.exit_code
 
 

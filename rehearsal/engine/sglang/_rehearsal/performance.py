@@ -22,6 +22,13 @@ The model (times in ms; L = the model's layers; g = tp; b = requests decoding at
 - per-stream rate = 1000 / round(b) tok/s, output throughput = b * 1000 / round(b);
 - prefill of n input tokens: ``L * n * prefill_token_layer / g + L * ring(g) * allreduce +
   (pp - 1) * hop`` (every layer sees the whole prompt; PP stages run one after another).
+
+Multi-node (nnodes > 1; performance.json "cross_node", assumptions): a TP group that spans nodes
+(more nodes than PP stages) runs its all-reduce / all-to-all at the cross-node link's figures (a
+ring is paced by its slowest link); with PP over nodes, a stage hop pays the cross-node hop_ms
+(the per-request hop_seq cost stays the node's). The link is InfiniBand unless NCCL_IB_DISABLE
+is set (then NCCL's TCP sockets). TP16 over two PCIe nodes on InfiniBand streams about 19 tok/s
+at one request (TP8 on one node: 26): spanning nodes is for fitting a model, not for speed.
 """
 from __future__ import annotations
 
@@ -44,15 +51,23 @@ class Layout:
     dp_attention: bool = False
     all_to_all: bool = False        # moe_a2a_backend other than "none"
     interconnect: str = "pcie"
+    nnodes: int = 1
+    cross_node: str = "infiniband"  # the link between nodes when nnodes > 1
 
     @classmethod
-    def from_args(cls, args, interconnect: str) -> "Layout":
+    def from_args(cls, args, interconnect: str, cross_node: str = "infiniband") -> "Layout":
         """From the engine's resolved server args."""
         backend = getattr(args, "moe_a2a_backend", None) or "none"
         return cls(tp=int(args.tp_size), pp=int(args.pp_size), ep=int(getattr(args, "ep_size", 1) or 1),
                    dp=int(getattr(args, "dp_size", 1) or 1),
                    dp_attention=bool(getattr(args, "enable_dp_attention", False)),
-                   all_to_all=backend != "none", interconnect=interconnect)
+                   all_to_all=backend != "none", interconnect=interconnect,
+                   nnodes=int(getattr(args, "nnodes", 1) or 1), cross_node=cross_node)
+
+    @property
+    def tp_spans_nodes(self) -> bool:
+        """SGLang gives PP stages to nodes first; a TP group spans nodes when nodes outnumber stages."""
+        return self.nnodes > 1 and self.nnodes // self.pp > 1
 
 
 def ring(g: int) -> float:
@@ -65,6 +80,7 @@ class PerformanceModel:
         self.decode = params["decode"]
         self.prefill = params["prefill"]
         self.links = params["interconnect"]
+        self.cross_links = {k: v for k, v in params.get("cross_node", {}).items() if isinstance(v, dict)}
 
     @classmethod
     def load(cls, path: Path = PARAMETERS) -> "PerformanceModel":
@@ -75,19 +91,31 @@ class PerformanceModel:
             raise ValueError(f"interconnect {layout.interconnect!r}: the model knows {sorted(self.links)}")
         return self.links[layout.interconnect]
 
+    def _cross(self, layout: Layout) -> dict:
+        if layout.cross_node not in self.cross_links:
+            raise ValueError(f"cross-node link {layout.cross_node!r}: the model knows {sorted(self.cross_links)}")
+        return self.cross_links[layout.cross_node]
+
+    def _tp_link(self, layout: Layout) -> dict:
+        return self._cross(layout) if layout.tp_spans_nodes else self._link(layout)
+
+    def _hop_ms(self, layout: Layout) -> float:
+        return (self._cross(layout) if layout.nnodes > 1 else self._link(layout))["hop_ms"]
+
     def stage_ms(self, layout: Layout, layers: int, m: float) -> float:
         link = self._link(layout)
+        tp_link = self._tp_link(layout)
         g = layout.tp
         per_stage = math.ceil(layers / layout.pp)
         m_attn = m / layout.dp if layout.dp_attention else m
-        allreduce = ring(g) * (link["allreduce_ms"] + link["allreduce_seq_ms"] * m)
+        allreduce = ring(g) * (tp_link["allreduce_ms"] + tp_link["allreduce_seq_ms"] * m)
         if layout.all_to_all and layout.ep > 1:
-            comm = allreduce / 2 + link["all_to_all_ms"] + link["all_to_all_seq_ms"] * m
+            comm = allreduce / 2 + tp_link["all_to_all_ms"] + tp_link["all_to_all_seq_ms"] * m
         else:
             comm = allreduce
         step = per_stage * (self.decode["layer_ms"] / g + self.decode["layer_seq_ms"] * m_attn / g + comm)
         if layout.pp > 1:
-            step += link["hop_ms"] + link["hop_seq_ms"] * m
+            step += self._hop_ms(layout) + link["hop_seq_ms"] * m
         return step
 
     def round_ms(self, layout: Layout, layers: int, running: int) -> float:
@@ -103,10 +131,9 @@ class PerformanceModel:
         return max(1, concurrency) * self.stream_tok_s(layout, layers, concurrency)
 
     def prefill_ms(self, layout: Layout, layers: int, input_tokens: int) -> float:
-        link = self._link(layout)
         g = layout.tp
-        ms = layers * input_tokens * self.prefill["token_layer_ms"] / g + layers * ring(g) * link["allreduce_ms"]
-        return ms + (layout.pp - 1) * link["hop_ms"]
+        ms = layers * input_tokens * self.prefill["token_layer_ms"] / g + layers * ring(g) * self._tp_link(layout)["allreduce_ms"]
+        return ms + (layout.pp - 1) * self._hop_ms(layout)
 
 
 def interconnect_from_topology(topo_text: str, gpu_indices) -> str:

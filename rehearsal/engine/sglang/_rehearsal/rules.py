@@ -251,6 +251,18 @@ def gpu_ids_for_node(args) -> list[int]:
     return [args.base_gpu_id + i * args.gpu_id_step for i in range(per_node)]
 
 
+def node_ranks(args) -> tuple[range, range]:
+    """The TP ranks and PP ranks this node's schedulers run (engine launcher arithmetic): PP
+    stages go to nodes first; when there are more nodes than stages, a TP group spans
+    nnodes // pp_size nodes (TP16 over 2 nodes: node 0 runs TP0-7, node 1 TP8-15)."""
+    nnodes_per_tp_group = max(args.nnodes // args.pp_size, 1)
+    tp_per_node = args.tp_size // nnodes_per_tp_group
+    tp_first = tp_per_node * (args.node_rank % nnodes_per_tp_group)
+    pp_per_node = max(args.pp_size // args.nnodes, 1)
+    pp_first = pp_per_node * (args.node_rank // nnodes_per_tp_group)
+    return range(tp_first, tp_first + tp_per_node), range(pp_first, pp_first + pp_per_node)
+
+
 def check_model_layout(args, model: Model) -> dict:
     """Model-init checks (attention head split, FusedMoE divisibility). Returns the MoE layout."""
     heads = int(model.get("num_attention_heads", 1))

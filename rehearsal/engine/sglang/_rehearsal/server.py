@@ -6,6 +6,7 @@ deprecated /get_server_info) = {**server_args, **scheduler_info, internal_states
 /model_info (/get_model_info), /v1/models, POST /generate, POST /v1/chat/completions,
 POST /v1/completions (JSON content type required: 400 otherwise), GET /ping, /get_load and
 /metrics (with --enable-metrics), both counting the requests being decoded now. Generations are fake: deterministic words, one per token.
+Nodes >= 1 of a multi-node world serve DummyHealthServer instead (SGLang's dummy health server).
 """
 from __future__ import annotations
 
@@ -324,6 +325,58 @@ class Handler(BaseHTTPRequestHandler):
         payload = data if isinstance(data, str) else json.dumps(data)
         self.wfile.write(b"data: " + payload.encode() + b"\n\n")
         self.wfile.flush()
+
+
+class DummyHealthServer(ThreadingHTTPServer):
+    """What SGLang runs on --port of a node >= 1 (launch_dummy_health_check_server): /ping,
+    /health and /health_generate answer 200 with no body whatever the world's state; /metrics
+    with --enable-metrics; nothing else (no generation, no /server_info). Its uvicorn logs at
+    warning level, so no access lines."""
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address, engine):
+        self.engine = engine
+        super().__init__(address, DummyHandler)
+
+
+class DummyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "sglang-rehearsal"
+    ROUTES = ("/ping", "/health", "/health_generate")
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def _send(self, code: int, body: bytes = b"", content_type: str | None = None):
+        self.send_response(code)
+        if content_type:
+            self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if path in self.ROUTES:
+            self._send(200)
+        elif path == "/metrics" and self.server.engine.args.enable_metrics:
+            self._send(200, b"", "text/plain; version=0.0.4; charset=utf-8")
+        else:
+            self._send(404, b'{"detail":"Not Found"}', "application/json")
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        path = self.path.split("?", 1)[0]
+        if path in self.ROUTES:
+            self._send(405, b'{"detail":"Method Not Allowed"}', "application/json")
+        else:
+            self._send(404, b'{"detail":"Not Found"}', "application/json")
+
+    do_PUT = do_POST
 
 
 def _phrase(code: int) -> str:

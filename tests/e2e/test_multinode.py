@@ -1,0 +1,128 @@
+"""Issue 17 on two real rehearsal hosts and the real Pulumi engine: one SGLang server over two
+nodes (TP16 = 2 x 8 GPUs), a rank that never joins, drift on rank 1's unit. One module, its two
+hosts shared by the tests, in order."""
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+from pulumi import automation as auto
+
+from .conftest import FAST_ENV, FAST_READINESS, make_deployment
+
+pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
+
+UNIT = "sglang-kimi-k2.6-{}.service"
+DROP_IN = "/etc/systemd/system/" + UNIT.format("tp16x2") + ".d"
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory, rehearsal_host_factory):
+    a, b = rehearsal_host_factory(), rehearsal_host_factory()
+    d = make_deployment(tmp_path_factory.mktemp("multinode"), a)
+
+    def two_hosts(config):
+        config["gpu-serving:hosts"] = {"value": [{"name": "node0", "rehearsal": a.name}, {"name": "node1", "rehearsal": b.name}]}
+    d.edit_project(two_hosts)
+    d.write_stack_file("tp16x2", {"tpSize": 16, "nodes": ["node0", "node1"]}, {
+        "gpu-serving:serving": {"environment": FAST_ENV},
+        "gpu-serving:readiness": {**FAST_READINESS, "timeoutSeconds": 25},
+    })
+    d.hosts = {"node0": a, "node1": b}
+    return d
+
+
+def active(host, strategy: str) -> str:
+    return host.run(f"systemctl is-active {UNIT.format(strategy)}").stdout.strip()
+
+
+def main_pid(host, strategy: str) -> str:
+    return host.run(f"systemctl show -p MainPID --value {UNIT.format(strategy)}").stdout.strip()
+
+
+def test_a_node_that_cannot_reach_rank_0_stops_the_run_before_any_unit_file(nodes):
+    """First in the module: the stack's rendezvous check runs when it is created. node1 has no
+    route to node0 here (an `unreachable` route in node1's own network namespace, set from this
+    machine: root on the host may not change routes): the run names node1 and rank 0's address,
+    and no node has the layout's unit file."""
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+
+    def route(verb: str):
+        subprocess.run(["ip", "-n", node1.netns, "route", verb, "unreachable", f"{node0.address}/32"], check=True)
+    route("add")
+    try:
+        with pytest.raises(auto.CommandError) as info:
+            nodes.stack("tp16x2").up(on_output=print)
+    finally:
+        route("del")
+    text = str(info.value)
+    assert f"node1 (rank 1) cannot reach rank 0 (node0) at {node0.address}: no route" in text, text[-3000:]
+    assert "nothing was changed on any node" in text, text[-3000:]
+    for host in (node0, node1):
+        assert host.run(f"test -e /etc/systemd/system/{UNIT.format('tp16x2')}").returncode != 0
+
+
+def test_a_rank_that_never_joins_times_out_naming_it_and_both_nodes_serve_as_before(nodes):
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+    nodes.stack("tp8").up(on_output=print)
+    assert active(node0, "tp8") == active(node1, "tp8") == "active"
+    # The fault on rank 1 only: a drop-in on node1 (serving.environment would reach both nodes).
+    node1.run(f"mkdir -p {DROP_IN} && printf '[Service]\\nEnvironment=REHEARSAL_FAULT=never_join\\n' > {DROP_IN}/fault.conf",
+              check=True)
+    try:
+        with pytest.raises(auto.CommandError) as info:
+            nodes.stack("tp16x2").up(on_output=print)
+    finally:
+        node1.run(f"rm -rf {DROP_IN} && systemctl daemon-reload", check=True)
+    text = str(info.value)
+    assert "readiness: timed_out: rank 1 on node1" in text and "did not join" in text, text[-3000:]
+    assert "journalctl -u " + UNIT.format("tp16x2") + " on node1" in text, text[-3000:]
+    for host in (node0, node1):
+        assert active(host, "tp8") == "active" and active(host, "tp16x2") != "active"
+
+
+def test_tp16_across_two_nodes_is_ready_with_the_world_confirmed_on_rank_0(nodes):
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+    result = nodes.stack("tp16x2").up(on_output=print)
+    readiness = result.outputs["readiness"].value
+    assert readiness["status"] == "ready", readiness
+    # Judged on rank 0's host (its probe asks the server there); the endpoint is rank 0's address.
+    assert readiness["layout"]["tp_size"] == 16 and readiness["url"] == "http://127.0.0.1:30001", readiness
+    assert result.outputs["endpoint"].value == f"http://{node0.address}:30001"
+    assert result.outputs["nodes"].value == {"node0": {"rank": 0, "address": node0.address},
+                                             "node1": {"rank": 1, "address": node1.address}}
+    # Rank 0 really holds the whole world: its server, asked on node0, says tp 16 over 2 nodes.
+    info = json.loads(node0.run("curl -sf http://127.0.0.1:30001/server_info", check=True).stdout)
+    assert (info["tp_size"], info["nnodes"], info["node_rank"]) == (16, 2, 0), info
+    for host in (node0, node1):
+        assert active(host, "tp16x2") == "active" and active(host, "tp8") == "inactive"
+
+
+def test_drift_on_rank_1s_unit_is_repaired_there_only(nodes):
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+    pids = {n: main_pid(h, "tp16x2") for n, h in nodes.hosts.items()}
+    path = "/etc/systemd/system/" + UNIT.format("tp16x2")
+    node1.run(f"sed -i 's/--context-length 32768/--context-length 16384/' {path}", check=True)
+    stack = nodes.stack("tp16x2")
+    planned: dict[str, str] = {}
+    contents: dict[str, str] = {}
+
+    def record(event):
+        pre = event.resource_pre_event
+        if pre is not None and pre.metadata.op.value not in ("same", "refresh", "read"):
+            name = pre.metadata.urn.rsplit("::", 1)[-1]
+            planned[name] = pre.metadata.op.value
+            for side in ("old", "new"):
+                state = getattr(pre.metadata, side)
+                contents[side] = ((state.inputs if state else None) or {}).get("content") or ""
+    preview = stack.preview(refresh=True, diff=True, on_output=print, on_event=record)
+    # Exactly one change: node1's unit file, from the hand edit back to its declared content;
+    # nothing on node0, and neither rank's service is restarted.
+    assert planned == {"node1-unit-file": "update"}, (planned, preview.stdout[-3000:])
+    assert "--context-length 16384" in contents["old"] and "--context-length 32768" in contents["new"], contents
+    assert "--node-rank 1" in contents["new"]
+    stack.up(on_output=print)
+    assert "--context-length 32768" in node1.run(f"cat {path}").stdout
+    assert {n: main_pid(h, "tp16x2") for n, h in nodes.hosts.items()} == pids
+    assert active(node0, "tp16x2") == active(node1, "tp16x2") == "active"
