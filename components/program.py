@@ -67,8 +67,10 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
     if r.runs_on is not None:
         router_host = hosts[r.runs_on]
     else:
+        # A machine of its own: no strategy runs there, so no GPU, CUDA or model is expected of it.
         router_host = GpuHost("router-host", GpuHostArgs(settings.model_copy(update={"host": r.host, "hosts": ()}),
-                                                         private_key=private_key, entry="router"), needed_gpus=0)
+                                                         private_key=private_key, setting="gpu-serving:router.host"),
+                              needed_gpus=0)
     router = Router("router", router_host, settings, [urls[n] for n, _ in plans], admin_key)
     roll = R.plan_roll([n for n, _ in plans], {}, settings.strategy_name, max_unavailable=settings.rollout.max_unavailable,
                        router=True)

@@ -240,8 +240,9 @@ class HostFactsProvider(ResourceProvider):
     def _check(self, props: dict, facts_dict: dict) -> list[str]:
         facts = HostFacts.from_dict(facts_dict)
         e = props["expect"]
-        return check_facts(facts, gpu_count=int(e["gpuCount"]), gpu_memory_gb=float(e["gpuMemoryGb"]),
-                           interconnect=e["interconnect"], needed_gpus=int(e["neededGpus"]))
+        # The router's machine declares only neededGpus 0 (check_facts then expects nothing).
+        return check_facts(facts, gpu_count=int(e.get("gpuCount", 0)), gpu_memory_gb=float(e.get("gpuMemoryGb", 0)),
+                           interconnect=e.get("interconnect", "pcie"), needed_gpus=int(e["neededGpus"]))
 
     def _apply(self, props: dict) -> dict:
         facts = self._read(props, props.get("prefetch"))
