@@ -237,3 +237,21 @@ def test_a_crash_rolls_that_host_back_puts_it_back_and_stops_the_roll(fleet):
         assert h.run("systemctl is-active sglang-kimi-k2.6-pp8.service").stdout.strip() == "active", name
         if name != "gpu1":
             assert "hosts[%s]: roll: taking" % name not in text
+
+
+def test_a_switch_back_to_a_stack_deployed_before_rolls_too(fleet):
+    """tp8 was deployed (test 2), then pp8: going back is an update of tp8's services (after the
+    refresh they read "superseded"), not a create, and it rolls the same way."""
+    preview: list[str] = []
+    stack(fleet, "tp8").preview(on_output=preview.append)
+    assert "\n".join(preview).count(f"{ROLL_ORDER} tp8 behind the router") == 1, "\n".join(preview)[-3000:]
+    lines: list[str] = []
+    with Load(fleet) as load:
+        result = stack(fleet, "tp8").up(on_output=lines.append)
+    text = "\n".join(lines)
+    assert load.failed == [], load.failed[:10]
+    assert min(load.samples) >= 2, load.samples
+    for name in ("gpu1", "gpu2", "gpu3"):
+        assert f"hosts[{name}]: roll: taking" in text, text[-3000:]
+        assert result.outputs["readiness"].value[name]["layout"]["tp_size"] == 8
+    assert sorted(w["strategy"] for w in result.outputs["router"].value["workers"]) == ["tp8 pp1 dp1"] * 3
