@@ -73,11 +73,11 @@ class Bench:
         if not self.args.reuse_hosts:
             shutil.rmtree(self.work, ignore_errors=True)  # fresh hosts, fresh stacks
         if self.router_only:
-            self.hosts = H.boot([f"bench{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
+            self.hosts = H.boot([f"{self.args.host_prefix}{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
             self.tools, self.gs_skip = [], None
             return
         venv = ensure_bench_venv()
-        self.hosts = H.boot([f"bench{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
+        self.hosts = H.boot([f"{self.args.host_prefix}{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
         self.projects = {h.name: make_project(self.work, h.name, self.args.program_ref,
                                                   tuple(self.args.program_paths or PROGRAM)) for h in self.hosts}
         tools.use_peers(self.work / "peers")
@@ -282,6 +282,8 @@ def parse_args(argv=None):
     p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")
     p.add_argument("--reuse-hosts", action="store_true", help="keep what bench0.. have (default: fresh hosts)")
     p.add_argument("--keep-hosts", action="store_true", help="leave the rehearsal hosts (bench0..) running")
+    p.add_argument("--host-prefix", default="bench",
+                   help="the rehearsal hosts' names: PREFIX0, PREFIX1, ... (default bench; another for a second run beside it)")
     p.add_argument("--work", default=str(cache_root() / "bench-work"), help="scratch directory (removed at the end)")
     p.add_argument("--out", default=str(RESULTS), help="where the results JSON goes (default bench/results)")
     p.add_argument("--program-ref", help="benchmark the program (components/, Pulumi*.yaml) as of this git commit")
