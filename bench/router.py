@@ -12,7 +12,8 @@ Load: CLIENTS clients, each sending one completion after the other to the router
 first rehearsal host (never elsewhere), from just before the `pulumi up` until it returns, at most
 MAX_REQUESTS in all; a sampler reads the router's worker list (how many hosts it routes to). The
 rehearsal engine takes LOAD_SECONDS to load in both stacks. Figures per run: the up's wall time,
-requests served during it, requests failed, fewest hosts the router routed to. The summaries and the table are bench/stats.py's (pure, tested with data)."""
+requests served during it, requests failed, fewest hosts the router routed to. The summaries and
+the table are bench/stats.py's (pure, tested with data)."""
 from __future__ import annotations
 
 import json
