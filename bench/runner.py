@@ -9,7 +9,10 @@ declared state, so a tool cannot win by doing less):
 - switch: tp8 serving -> the tool's apply of ep8, until /health_generate answers;
 - fleet: noop and switch on 1, 2 and 4 hosts at once (one inventory; for gpu-serving one stack
   listing the hosts in gpu-serving:hosts, or with --gpu-serving-fleet stacks one stack per host
-  run in parallel, as before fleets existed).
+  run in parallel, as before fleets existed);
+- router (gpu-serving only, on the largest fleet): "fleet switch with router", the rolling switch
+  behind SGLang's router against the all-at-once switch, under 4 clients sending requests through
+  the router (bench/router.py). `--scenarios router` runs it alone (no peers, no warm-ups).
 
 SSH connections and sessions are counted from each host's sshd log.
 """
@@ -28,6 +31,7 @@ from pathlib import Path
 from . import hosts as H
 from . import stats
 from . import tools
+from .router import RouterScenario
 from .tools import Ansible, GpuServing, Pyinfra, RawSsh, Tool, ToolFailed
 from .workspace import BENCH, PROGRAM, REPO, cache_root, ensure_bench_venv, log, make_project
 
@@ -59,14 +63,21 @@ class Bench:
         self.variants: dict = {}
         self.flakes: list[str] = []
         self.first_deploy = None
+        # Only the router scenario: none of the per-tool setup (peers, first deploys, warm-ups).
+        self.router_only = set(args.scenarios) == {stats.ROUTER}
+        self.projects: dict = {}
 
     # ----------------------------------------------------------------------------------------
     def setup(self) -> None:
         n = max(self.args.fleet)
-        venv = ensure_bench_venv()
         if not self.args.reuse_hosts:
             shutil.rmtree(self.work, ignore_errors=True)  # fresh hosts, fresh stacks
-        self.hosts = H.boot([f"bench{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
+        if self.router_only:
+            self.hosts = H.boot([f"{self.args.host_prefix}{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
+            self.tools, self.gs_skip = [], None
+            return
+        venv = ensure_bench_venv()
+        self.hosts = H.boot([f"{self.args.host_prefix}{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
         self.projects = {h.name: make_project(self.work, h.name, self.args.program_ref,
                                                   tuple(self.args.program_paths or PROGRAM)) for h in self.hosts}
         tools.use_peers(self.work / "peers")
@@ -184,7 +195,8 @@ class Bench:
     def run(self) -> None:
         one = self.hosts[:1]
         for scenario in self.args.scenarios:
-            self.samples["single"][scenario] = self.run_scenario(scenario, one, self.tools)
+            if scenario != stats.ROUTER:
+                self.samples["single"][scenario] = self.run_scenario(scenario, one, self.tools)
         if self.gs_skip and not self.args.no_variants:
             for scenario in ("noop", "switch"):
                 if scenario in self.args.scenarios:
@@ -198,6 +210,16 @@ class Bench:
                 if n > 1:
                     by_n[n] = self.run_scenario(scenario, self.hosts[:n], self.tools)
             self.samples["fleet"][scenario] = by_n
+        if stats.ROUTER in self.args.scenarios:
+            self.router = RouterScenario(self.work, self.hosts[:max(self.args.fleet)], self.args.repeat, log)
+            self.router.setup()
+            self.samples[stats.ROUTER] = self.router.run()
+
+    def env(self) -> dict:
+        """The engine's environment of a project of this run (for the versions it reports)."""
+        if self.projects:
+            return next(iter(self.projects.values())).env
+        return self.router.env
 
     def teardown(self) -> None:
         if self.args.keep_hosts:
@@ -260,6 +282,8 @@ def parse_args(argv=None):
     p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")
     p.add_argument("--reuse-hosts", action="store_true", help="keep what bench0.. have (default: fresh hosts)")
     p.add_argument("--keep-hosts", action="store_true", help="leave the rehearsal hosts (bench0..) running")
+    p.add_argument("--host-prefix", default="bench",
+                   help="the rehearsal hosts' names: PREFIX0, PREFIX1, ... (default bench; another for a second run beside it)")
     p.add_argument("--work", default=str(cache_root() / "bench-work"), help="scratch directory (removed at the end)")
     p.add_argument("--out", default=str(RESULTS), help="where the results JSON goes (default bench/results)")
     p.add_argument("--program-ref", help="benchmark the program (components/, Pulumi*.yaml) as of this git commit")
@@ -281,6 +305,8 @@ def parse_args(argv=None):
         p.error(f"unknown tool or scenario: {', '.join(sorted(unknown))}")
     if max(args.fleet) > 8:
         p.error("at most 8 hosts")
+    if stats.ROUTER in args.scenarios and max(args.fleet) < 2:
+        p.error("the router scenario switches a fleet: --fleet with at least 2 hosts (e.g. --fleet 1,3)")
     return args
 
 
@@ -306,7 +332,7 @@ def main(argv=None) -> int:
                 bench.teardown()
             except Exception as exc:  # never hide the real error
                 print(f"bench: teardown: {exc}", file=sys.stderr)
-    env = next(iter(bench.projects.values())).env
+    env = bench.env()
     results = {
         "started": started,
         "seconds": round(time.monotonic() - t0, 1),

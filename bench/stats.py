@@ -13,8 +13,10 @@ from typing import Iterable, Optional
 TOOLS = ("gpu-serving", "ansible", "pyinfra", "raw-ssh")
 BASELINE = "raw-ssh"
 OURS = "gpu-serving"
-SCENARIOS = ("noop", "drift", "switch")
+SCENARIOS = ("noop", "drift", "switch", "router")
 FLEET_SCENARIOS = ("noop", "switch")
+# gpu-serving only, on a fleet (bench/router.py): not in the per-tool tables.
+ROUTER = "router"
 TITLES = {
     "noop": "no-op converge (everything deployed)",
     "drift": "drift check (nothing drifted)",
@@ -135,6 +137,45 @@ def fleet_table(scenario: str, by_hosts: dict[int, dict[str, Optional[dict]]]) -
     return table(headers, rows)
 
 
+ROUTER_KINDS = {"rolling": "with router: rolling, 1 host at a time",
+                "all_at_once": "no router: every host at once"}
+
+
+def router_summary(samples: Optional[dict]) -> Optional[dict]:
+    """The "fleet switch with router" figures (bench/router.py's samples {hosts, clients, rolling:
+    [run], all_at_once: [run]}, a run {seconds, served, failed, fewest_serving}): per kind, the
+    wall time's summary, the median of requests served and failed, every run's failures and the
+    fewest hosts the router routed to in any run. None without samples."""
+    if not samples:
+        return None
+    out: dict = {"hosts": samples.get("hosts"), "clients": samples.get("clients")}
+    for kind in ROUTER_KINDS:
+        runs = samples.get(kind) or []
+        if not runs:
+            continue
+        fewest = [r["fewest_serving"] for r in runs if r.get("fewest_serving") is not None]
+        out[kind] = {"seconds": summarize(r["seconds"] for r in runs),
+                     "served": statistics.median(r["served"] for r in runs),
+                     "failed": statistics.median(r["failed"] for r in runs),
+                     "failed_each": [r["failed"] for r in runs],
+                     "fewest_serving": min(fewest) if fewest else None}
+    return out
+
+
+def router_table(summary: dict) -> str:
+    rows = []
+    for kind, title in ROUTER_KINDS.items():
+        s = summary.get(kind)
+        if not s:
+            continue
+        sec = s["seconds"]
+        rows.append([title, _f(sec["median"], "{:.1f}"), f"{_f(sec['min'], '{:.1f}')}-{_f(sec['max'], '{:.1f}')}", str(sec["n"]),
+                     _num(s["served"]), _num(s["failed"]), ", ".join(str(f) for f in s["failed_each"]),
+                     f"{_num(s['fewest_serving'])} of {summary.get('hosts')}"])
+    return table(["switch tp8 -> ep8", "median s", "min-max s", "runs", "served (median)", "failed (median)",
+                  "failed each run", "fewest hosts routed"], rows)
+
+
 def report(results: dict) -> str:
     """The whole text report from a results document (see bench/runner.py)."""
     out = []
@@ -151,6 +192,12 @@ def report(results: dict) -> str:
             out.append(f"### fleet scaling: {TITLES[scenario]}, N hosts at once\n")
             out.append(fleet_table(scenario, by_hosts))
             out.append("")
+    router = summaries.get(ROUTER)
+    if router:
+        out.append(f"### fleet switch with router: tp8 -> ep8 on {router['hosts']} hosts, {router['clients']} clients "
+                   "sending requests through the router during the `pulumi up`\n")
+        out.append(router_table(router))
+        out.append("")
     return "\n".join(out)
 
 
@@ -158,6 +205,8 @@ def summarize_results(samples: dict) -> dict:
     """{single: {scenario: {tool: summary}}, fleet: {scenario: {N: {tool: summary}}}} from the
     raw samples {single: {scenario: {tool: [..]}}, fleet: {scenario: {N: {tool: [..]}}}}."""
     out: dict = {"single": {}, "fleet": {}}
+    if samples.get(ROUTER):
+        out[ROUTER] = router_summary(samples[ROUTER])
     for scenario, by_tool in (samples.get("single") or {}).items():
         out["single"][scenario] = {t: summarize_samples(v) for t, v in by_tool.items()}
     for scenario, by_n in (samples.get("fleet") or {}).items():

@@ -88,12 +88,13 @@ PROGRAM = ("components", "__main__.py", "Pulumi.yaml", "Pulumi.tp8.yaml", "Pulum
 
 
 def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str, ...] = PROGRAM,
-                 fleet: list[str] | None = None) -> Project:
+                 fleet: list[str] | None = None, label: str = "") -> Project:
     """work/<host>/project: the repository's program (the work tree's, or with `paths` as they
     are at git commit `ref`), Pulumi.yaml pointed at rehearsal host `host`; with `fleet`, one
-    stack for all those rehearsal hosts (gpu-serving:hosts), in work/fleet-<names>/."""
+    stack for all those rehearsal hosts (gpu-serving:hosts), in work/fleet-<names>/, or in
+    work/<label>/ (a second project for the same hosts, with its own state)."""
     if fleet:
-        host = "fleet-" + "-".join(fleet)
+        host = label or "fleet-" + "-".join(fleet)
     root = work / host
     project = root / "project"
     if project.exists():

@@ -21,6 +21,9 @@ class GpuHostArgs:
     prefetch: Optional[list] = None
     # The fleet entry's name ("" for the one-host form): messages name the machine as the stack does.
     entry: str = ""
+    # The setting that declares a machine outside gpu-serving:host and :hosts (the router's own
+    # machine: "gpu-serving:router.host"), for the messages.
+    setting: str = ""
 
 
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
@@ -28,7 +31,7 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
     h = args.settings.host
     shared = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
     # Labels for messages (ssh.CONNECTION_LABELS: never a change): which entry, where its key is set.
-    entry = f"hosts[{args.entry}]" if args.entry else "gpu-serving:host"
+    entry = args.setting or (f"hosts[{args.entry}]" if args.entry else "gpu-serving:host")
     if h.is_rehearsal:
         shared.update(entry=entry, rehearsal=h.rehearsal,
                         keyFrom=f"the rehearsal host {h.rehearsal!r} (the key it printed, in its host.json)")
@@ -47,7 +50,7 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
                 "privateKey": key, "hostKey": info["host_public_key"], **shared}
         return pulumi.Output.secret(conn), info["address"]
     if not h.host_key:
-        raise pulumi.RunError("gpu-serving:host.hostKey is required for a real host: pin its SSH host key "
+        raise pulumi.RunError(f"{args.setting or 'gpu-serving:host'}.hostKey is required for a real host: pin its SSH host key "
                               f"(ssh-keyscan -t ed25519 {h.address}), so nobody else can answer in its place")
     if args.private_key is not None:
         key_output = args.private_key
@@ -62,7 +65,9 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
 
 
 class GpuHost(pulumi.ComponentResource):
-    """The host: SSH connection and the facts read at deploy time (checked against the stack)."""
+    """The host: SSH connection and the facts read at deploy time (checked against the stack).
+    `needed_gpus` 0: a machine that runs no strategy (the router's own): its facts are read and
+    shown, and nothing about GPUs, driver or CUDA is expected of it."""
 
     connection: pulumi.Output
     facts: pulumi.Output[dict]
@@ -75,7 +80,7 @@ class GpuHost(pulumi.ComponentResource):
             "connection": self.connection,
             "cudaHome": s.cuda.home,
             "expect": {"gpuCount": s.host.gpu_count, "gpuMemoryGb": s.host.gpu_memory_gb,
-                       "interconnect": s.host.interconnect, "neededGpus": needed_gpus},
+                       "interconnect": s.host.interconnect, "neededGpus": needed_gpus} if needed_gpus else {"neededGpus": 0},
             # Plumbing (which reads to start ahead), shown as one opaque value, not six blocks.
             "prefetch": pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
             **({"hostEntry": args.entry} if args.entry else {}),

@@ -22,18 +22,20 @@ from .readiness_check import ReadinessCheck
 from .remote.ssh import rehearsal_addresses
 from .resources import RouterReadiness
 from .router import Router
-from .serving_unit import ServingUnit
+from .serving_unit import ServingUnit, SwitchNotice
 from .venv import PythonVenv
 
 
 def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output],
                 secret_env: Optional[pulumi.Output], benchmark: bool = False, host: Optional[GpuHost] = None,
-                router: Optional[pulumi.Output] = None, after: Optional[list] = None) -> dict:
+                router: Optional[pulumi.Output] = None, after: Optional[list] = None,
+                notice: Optional[SwitchNotice] = None) -> dict:
     """One machine: its facts, CUDA, venv, the strategy's unit and the readiness verdict, and
     with `benchmark` SGLang's benchmark after it. `name` is "" for the one-host form (the
     resource names stay what they always were) or the fleet entry's name, which prefixes every
     resource of that host. With a router: `host` made ahead (the router needs every address),
-    `router` this host's place behind it, `after` the roll's previous batch."""
+    `router` this host's place behind it, `after` the roll's previous batch. `notice`: the
+    fleet's line for a planned switch (SwitchNotice)."""
     settings: StackSettings = plan.settings
     prefix = f"{name}-" if name else ""
     host = host or make_host(name, plan, private_key)
@@ -42,7 +44,8 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
     installs = [CudaToolkit(f"{prefix}cuda", host, settings, after_host),
                 PythonVenv(f"{prefix}venv", host, settings, after_host)]
     unit = ServingUnit(f"{prefix}{settings.strategy_name}", plan, host, secret_env,
-                       pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix, router=router, after=after)
+                       pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix, router=router, after=after,
+                       notice=notice)
     ready = ReadinessCheck(f"{prefix}readiness", plan, host, unit, prefix=prefix)
     out = {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": plan.memory.as_dict(),
            "host": host.facts, "readiness": ready.report, "service": unit.service}
@@ -66,13 +69,16 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
     if r.runs_on is not None:
         router_host = hosts[r.runs_on]
     else:
+        # A machine of its own: no strategy runs there, so no GPU, CUDA or model is expected of it.
         router_host = GpuHost("router-host", GpuHostArgs(settings.model_copy(update={"host": r.host, "hosts": ()}),
-                                                         private_key=private_key, entry="router"), needed_gpus=0)
+                                                         private_key=private_key, setting="gpu-serving:router.host"),
+                              needed_gpus=0)
     router = Router("router", router_host, settings, [urls[n] for n, _ in plans], admin_key)
     roll = R.plan_roll([n for n, _ in plans], {}, settings.strategy_name, max_unavailable=settings.rollout.max_unavailable,
                        router=True)
-    pulumi.log.info(f"hosts whose strategy changes switch in this order: "
-                    f"{roll.describe(settings.strategy_name, settings.rollout.max_unavailable, router.url_text)}")
+    # Said only when a host's unit would start or restart (SwitchNotice), not in every run.
+    notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name, router_url=router.url_text,
+                                          max_unavailable=settings.rollout.max_unavailable))
     outputs: dict = {}
     previous: list = [router.service]
     for batch in roll.batches:
@@ -84,7 +90,7 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
                 "workerUrl": url, "drainTimeout": settings.rollout.drain_timeout_seconds, "readyTimeout": r.ready_timeout_seconds})
             outputs[name] = deploy_host(name, plan, private_key, secret_env,
                                         benchmark=settings.benchmark.on_deploy and name == plans[0][0], host=hosts[name],
-                                        router=pulumi.Output.secret(member), after=list(previous))
+                                        router=pulumi.Output.secret(member), after=list(previous), notice=notice)
             services.append(outputs[name]["service"])
         previous = services
     check = RouterReadiness("router-readiness", {
@@ -158,13 +164,11 @@ def run() -> None:
                                   "pulumi config set --secret gpu-serving:routerAdminKey \"$(openssl rand -hex 32)\"")
         outputs = deploy_fleet_behind_router(settings, plans, private_key, secret_env, admin_key)
     else:
-        if len(plans) > 1:
-            pulumi.log.info(R.plan_roll([n for n, _ in plans], {}, settings.strategy_name, max_unavailable=1, router=False)
-                            .describe(settings.strategy_name, 1))
+        notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name, router_url=None))
         # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
         # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
-        outputs = {name: deploy_host(name, plan, private_key, secret_env,
-                                     benchmark=settings.benchmark.on_deploy and i == 0) for i, (name, plan) in enumerate(plans)}
+        outputs = {name: deploy_host(name, plan, private_key, secret_env, benchmark=settings.benchmark.on_deploy and i == 0,
+                                     notice=notice) for i, (name, plan) in enumerate(plans)}
 
     first = plans[0][1]
     pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,

@@ -3,13 +3,15 @@ service's state, each a resource with a real read so hand edits show up as drift
 from __future__ import annotations
 
 import shlex
-from typing import Optional
+import threading
+from typing import Any, Mapping, Optional
 
 import pulumi
 
 from .core import readiness as R
 from .core import status as S
 from .core.plan import ServingPlan, declared_layout
+from .core.switch import switch_planned
 from .core.unit import UNIT_DIR
 from .gpu_host import GpuHost
 from .resources import RemoteFile, Service
@@ -36,6 +38,47 @@ def _destroy_warning_hook(prefix: str, plan: ServingPlan, host: GpuHost) -> pulu
                                pulumi.ResourceHookOptions(on_dry_run=True, ignore_errors=True))
 
 
+class SwitchNotice:
+    """A line for the whole fleet (the roll order, or that every host stops at once), printed by
+    the first strategy unit whose create or update starts or restarts it (switch.switch_planned),
+    in the preview as in the update, and never in a run that switches nothing. A hook, not the
+    program: the program runs the same whatever the engine then finds to change; the engine runs
+    a resource's before_create/before_update hooks only for a step that creates or updates it,
+    and in a preview too when the hook says on_dry_run."""
+
+    def __init__(self, text: Optional[str]):
+        self.text = text
+        self._lock = threading.Lock()
+        self._said = False
+
+    def say(self) -> bool:
+        with self._lock:
+            if self._said or not self.text:
+                return False
+            self._said = True
+        pulumi.log.info(self.text)
+        return True
+
+    async def maybe_say(self, args: pulumi.ResourceHookArgs) -> None:
+        """The hook's callback (before_create: no old outputs; before_update: the refreshed ones)."""
+        olds = await _plain(args.old_outputs) if args.old_outputs else None
+        if switch_planned(olds, await _plain(args.new_inputs or {})):
+            self.say()
+
+    def hook(self, prefix: str) -> pulumi.ResourceHook:
+        # ignore_errors: a notice must never be what stops a switch.
+        return pulumi.ResourceHook(f"{prefix}switch-notice", self.maybe_say,
+                                   pulumi.ResourceHookOptions(on_dry_run=True, ignore_errors=True))
+
+
+async def _plain(values: Mapping[str, Any]) -> dict:
+    """A hook's inputs or outputs with the secret ones (given as Outputs) unwrapped."""
+    out = {}
+    for key, value in values.items():
+        out[key] = await value.future() if isinstance(value, pulumi.Output) else value
+    return out
+
+
 class ServingUnit(pulumi.ComponentResource):
     unit_name: str
     active: pulumi.Output[bool]
@@ -43,11 +86,13 @@ class ServingUnit(pulumi.ComponentResource):
 
     def __init__(self, name: str, plan: ServingPlan, host: GpuHost, secret_environment: Optional[pulumi.Output] = None,
                  opts: Optional[pulumi.ResourceOptions] = None, prefix: str = "",
-                 router: Optional[pulumi.Output] = None, after: Optional[list] = None):
+                 router: Optional[pulumi.Output] = None, after: Optional[list] = None,
+                 notice: Optional[SwitchNotice] = None):
         # `prefix` ("gpu1-") keeps the children's names unique in a fleet: a URN holds the
         # parent's type, not its name. `router`: this host's place behind the fleet's router
         # (a switch takes it out and puts it back, components/remote/router.py); `after`: the
-        # services of the roll's previous batch, which switch first.
+        # services of the roll's previous batch, which switch first; `notice`: the fleet's line
+        # printed when a switch is planned.
         super().__init__("gpu-serving:index:ServingUnit", name, {}, opts)
         child = pulumi.ResourceOptions(parent=self)
         # A fleet's resources name their entry, so the providers' lines and errors say `hosts[gpu2]`.
@@ -76,6 +121,7 @@ class ServingUnit(pulumi.ComponentResource):
             "showWhenNew": True,
             **entry,
         }, child)
+        said = notice.hook(prefix) if notice is not None and notice.text else None
         secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(R.secret_hash)
         self.service = Service(f"{prefix}service", {
             "connection": host.connection,
@@ -95,7 +141,9 @@ class ServingUnit(pulumi.ComponentResource):
             **entry,
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             depends_on=[self.environment_file, self.unit_file, *(after or [])],
-            hooks=pulumi.ResourceHookBinding(before_delete=[_destroy_warning_hook(prefix, plan, host)]))))
+            hooks=pulumi.ResourceHookBinding(
+                before_delete=[_destroy_warning_hook(prefix, plan, host)],
+                **({"before_create": [said], "before_update": [said]} if said else {})))))
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport
         self.register_outputs({"unit": self.unit_name, "active": self.active})

@@ -2,6 +2,9 @@
 defaults) with data: no hosts, no timing assertions."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bench import hosts as H
@@ -128,3 +131,29 @@ def test_cli_defaults_and_quick_mode():
     assert parse_args(["--fleet", "4,2", "--repeat", "3"]).fleet == [1, 2, 4]
     with pytest.raises(SystemExit):
         parse_args(["--tools", "chef"])
+
+
+ROUTER_SAMPLES = json.loads((Path(__file__).parent / "data" / "bench" / "router-samples.json").read_text())
+
+
+def test_router_scenario_summary_and_table():
+    summary = stats.summarize_results({"single": {}, "fleet": {}, "router": ROUTER_SAMPLES})["router"]
+    rolling, at_once = summary["rolling"], summary["all_at_once"]
+    assert rolling["seconds"] == {"min": 38.9, "median": 41.2, "max": 44.0, "n": 3}
+    assert (rolling["served"], rolling["failed"], rolling["failed_each"], rolling["fewest_serving"]) == (310, 0, [0, 0, 0], 2)
+    assert (at_once["served"], at_once["failed"], at_once["failed_each"], at_once["fewest_serving"]) == (60, 120, [120, 98, 131], 0)
+    text = stats.report({"summary": {"router": summary}})
+    assert "### fleet switch with router: tp8 -> ep8 on 3 hosts, 4 clients" in text
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in text.splitlines()
+            if line.startswith("| with") or line.startswith("| no router")}
+    assert rows["with router: rolling, 1 host at a time"] == ["41.2", "38.9-44.0", "3", "310", "0", "0, 0, 0", "2 of 3"]
+    assert rows["no router: every host at once"] == ["14.5", "13.9-15.1", "3", "60", "120", "120, 98, 131", "0 of 3"]
+    assert stats.router_summary(None) is None
+
+
+def test_router_scenario_wiring_on_the_command_line():
+    args = parse_args(["--scenarios", "router", "--fleet", "1,3", "--repeat", "1"])
+    assert args.scenarios == ["router"] and max(args.fleet) == 3
+    assert "router" in parse_args([]).scenarios  # a default run measures it too, on its largest fleet
+    with pytest.raises(SystemExit):
+        parse_args(["--scenarios", "router", "--fleet", "1"])  # a fleet of one has nothing to roll

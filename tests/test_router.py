@@ -1,6 +1,7 @@
 """The router's pure parts (components/core/router.py) on data files under tests/data/router/:
 the pinned wheel set, the unit (golden file), GET /workers as smg 1.13.0 answers it, the readiness
-verdict, in-flight requests from SGLang's /metrics, and the roll order."""
+verdict, in-flight requests from SGLang's /metrics, the roll order, and when a run says it
+(only when a switch is planned)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,8 @@ import yaml
 from components.core import router as R
 from components.core.config import ROUTER_VERSIONS, parse_settings
 from components.core.errors import ConfigError
+from components.core.switch import switch_planned
+from components.serving_unit import SwitchNotice
 
 DATA = Path(__file__).parent / "data" / "router"
 
@@ -110,3 +113,47 @@ def test_local_url_and_http_answer():
     assert R.local_url("10.0.0.5", 2) == "http://10.0.0.5:2"
     assert R.parse_http('202\n{"status":"accepted"}') == (202, '{"status":"accepted"}')
     assert R.parse_http("0\nConnectionRefusedError: [Errno 111]")[0] == 0
+
+
+@pytest.mark.parametrize("case", yaml.safe_load((DATA / "switch-planned-cases.yaml").read_text()), ids=lambda c: c["why"])
+def test_a_switch_is_planned_only_when_the_unit_would_start_or_restart(case):
+    assert switch_planned(case["olds"], case["news"]) is case["planned"]
+
+
+def test_switch_notice_is_the_roll_order_or_all_at_once_and_nothing_for_one_host():
+    rolled = R.switch_notice(["gpu1", "gpu2", "gpu3"], "pp8", router_url="http://10.0.0.1:30080", max_unavailable=2)
+    assert rolled == ("hosts whose strategy changes switch in this order: rolling switch to pp8 behind the router "
+                      "http://10.0.0.1:30080, 2 at a time: [gpu1, gpu2] -> [gpu3]")
+    assert R.switch_notice(["gpu1", "gpu2"], "ep8", router_url=None) == (
+        "no router (gpu-serving:router): every host stops at once: gpu1, gpu2 switch to ep8 together, "
+        "nothing serves until they are ready")
+    assert R.switch_notice([""], "ep8", router_url=None) is None
+
+
+def test_the_notice_is_said_once_per_run_and_never_without_text(monkeypatch):
+    said: list[str] = []
+    monkeypatch.setattr("pulumi.log.info", lambda text, *a, **k: said.append(text))
+    notice = SwitchNotice("every host stops at once")
+    assert [notice.say(), notice.say()] == [True, False]
+    assert said == ["every host stops at once"]
+    assert SwitchNotice(None).say() is False and said == ["every host stops at once"]
+
+
+def test_the_hook_says_it_for_a_planned_switch_only_with_secret_inputs_unwrapped(monkeypatch):
+    import asyncio
+
+    import pulumi
+    said: list[str] = []
+    monkeypatch.setattr("pulumi.log.info", lambda text, *a, **k: said.append(text))
+    notice = SwitchNotice("rolling switch")
+    serving = {"active": True, "runningServer": "as declared", "configHash": "h1", "declared": {"tp_size": 8}, "execStart": "x"}
+
+    async def call(old_outputs, new_hash):
+        # Secret inputs reach a hook as Outputs (made here, in the loop that awaits them).
+        new_inputs = {**serving, "configHash": pulumi.Output.secret(new_hash), "connection": {"host": "b"}}
+        await notice.maybe_say(pulumi.ResourceHookArgs(urn="u", id="i", name="n", type="t", old_outputs=old_outputs, new_inputs=new_inputs))
+    # The no-op update (a changed connection): silent, the secret configHash compared by value.
+    asyncio.run(call(serving, "h1"))
+    assert said == []
+    asyncio.run(call(serving, "h2"))
+    assert said == ["rolling switch"]

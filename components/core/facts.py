@@ -245,7 +245,11 @@ def parse_facts(text: str) -> HostFacts:
 def check_facts(facts: HostFacts, *, gpu_count: int, gpu_memory_gb: float, interconnect: str,
                 needed_gpus: int) -> list[str]:
     """Differences between what the stack declares and what the host has, as sentences that
-    say what to change. Empty when the host can run the strategy."""
+    say what to change. Empty when the host can run the strategy. `needed_gpus` 0: a machine that
+    runs no strategy (the router's own, gpu-serving:router.host): its GPUs, driver and CUDA, or
+    their absence, are none of its business, so nothing is expected of them."""
+    if needed_gpus == 0:
+        return []
     out = list(facts.problems)
     have = len(facts.gpus)
     if have == 0:

@@ -311,6 +311,19 @@ def plan_roll(hosts: list[str], current: dict[str, Optional[str]], target: str, 
     return Roll(batches=tuple(tuple(todo[i:i + size]) for i in range(0, len(todo), size)), unchanged=unchanged)
 
 
+def switch_notice(hosts: list[str], strategy: str, *, router_url: Optional[str], max_unavailable: int = 1) -> Optional[str]:
+    """The line a fleet's run prints when a switch is planned (components/program.py prints it
+    from the first unit that would start or restart, never in a run that switches nothing): the
+    roll order behind the router, or without one that every host stops at once. None for the
+    one-host form (no fleet to order)."""
+    if router_url is None:
+        if len(hosts) < 2:
+            return None
+        return plan_roll(hosts, {}, strategy, max_unavailable=1, router=False).describe(strategy, 1)
+    roll = plan_roll(hosts, {}, strategy, max_unavailable=max_unavailable, router=True)
+    return f"hosts whose strategy changes switch in this order: {roll.describe(strategy, max_unavailable, router_url)}"
+
+
 @dataclass
 class RollState:
     """Where a roll is: filled as batches run, for the outputs and the failure message."""

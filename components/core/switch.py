@@ -188,6 +188,23 @@ def runs_an_edit(olds: dict) -> bool:
     return running not in (AS_DECLARED, NOT_RUNNING) and not is_superseded(running)
 
 
+def switch_planned(olds: Optional[dict], news: dict) -> bool:
+    """Whether a create or update of a strategy unit's service starts or restarts it, so that the
+    host stops serving its current strategy for a while: the one case in which a fleet's run says
+    how its hosts switch (the roll order, or that they all stop at once). `olds`: the stored
+    outputs (None for a create), read back by the refresh; `news`: the declared inputs. An update
+    that only rewrites settings the server does not run with (the connection, readiness
+    deadlines) starts nothing."""
+    if news.get("active", True) is False:
+        return False  # declared stopped: a stop, not a switch
+    if not olds:
+        return True
+    if olds.get("active", True) is False or olds.get("runningServer", AS_DECLARED) != AS_DECLARED:
+        return True   # not serving as declared (another strategy serves, or nothing): the update starts it
+    # A state without execStart (an earlier version) is taken as serving what it declares.
+    return why_restart(olds, news, lambda: AS_DECLARED) is not None
+
+
 def why_restart(olds: dict, news: dict, running_now: Callable[[], str]) -> Optional[str]:
     """Why an update restarts the unit (None: it need not). `running_now`: what the process runs,
     read from the host; asked only for a state written by an earlier version (no execStart), whose

@@ -256,8 +256,9 @@ class HostFactsProvider(ResourceProvider):
     def _check(self, props: dict, facts_dict: dict) -> list[str]:
         facts = HostFacts.from_dict(facts_dict)
         e = props["expect"]
-        return check_facts(facts, gpu_count=int(e["gpuCount"]), gpu_memory_gb=float(e["gpuMemoryGb"]),
-                           interconnect=e["interconnect"], needed_gpus=int(e["neededGpus"]))
+        # The router's machine declares only neededGpus 0 (check_facts then expects nothing).
+        return check_facts(facts, gpu_count=int(e.get("gpuCount", 0)), gpu_memory_gb=float(e.get("gpuMemoryGb", 0)),
+                           interconnect=e.get("interconnect", "pcie"), needed_gpus=int(e["neededGpus"]))
 
     def _apply(self, props: dict) -> dict:
         facts = self._read(props, props.get("prefetch"))
@@ -443,11 +444,18 @@ class ServiceProvider(ResourceProvider):
         with ssh.one_connection(t, f"the switch to {unit}"):
             lock = self._lock(t, props)
             try:
-                if props.get("router") and restart:
+                if props.get("router") and props.get("active", True) and (restart or not self._serving(t, unit)):
                     return self._switch_behind_router(t, props, unit)
                 return self._switch(t, props, unit, restart)
             finally:
                 self._unlock(lock)
+
+    def _serving(self, t: ssh.Target, unit: str) -> bool:
+        """The unit runs now (not crash-looping): an update that need not restart it starts
+        nothing. Otherwise (another strategy serves: a switch back to a stack deployed before)
+        the update starts it and stops the others, a switch like any other, so it rolls."""
+        state = self._show(t, [unit])[unit]
+        return state.get("ActiveState") == "active" and state.get("SubState") != "auto-restart"
 
     def _switch_behind_router(self, t: ssh.Target, props: dict, unit: str) -> dict:
         """This host's turn in a rolling switch: out of the router and drained, the switch (which

@@ -49,6 +49,21 @@ def test_up_deploys_every_host_in_one_run_and_reports_each(fleet):
     assert conns == 2, conns
 
 
+ALL_AT_ONCE = "no router (gpu-serving:router): every host stops at once"
+
+
+def test_the_all_at_once_line_comes_only_with_a_planned_switch(fleet):
+    # tp8 serves everywhere: its preview changes nothing, and says nothing of a switch.
+    noop: list[str] = []
+    fleet.stack("tp8").preview(on_output=noop.append)
+    assert ALL_AT_ONCE not in "\n".join(noop), "\n".join(noop)[-3000:]
+    # The preview of ep8 would restart every host's unit: it says so.
+    switch: list[str] = []
+    fleet.stack("ep8").preview(on_output=switch.append)
+    text = "\n".join(switch)
+    assert f"{ALL_AT_ONCE}: gpu1, gpu2 switch to ep8 together" in text, text[-4000:]
+
+
 def test_switch_moves_every_host(fleet):
     lines: list[str] = []
     result = fleet.stack("ep8").up(on_output=lines.append)

@@ -133,6 +133,42 @@ class Load:
             t.join(90)
 
 
+def test_router_on_a_machine_of_its_own_without_gpus(fleet, tmp_path_factory):
+    """gpu-serving:router.host: the router on gpu1's machine, made a host without GPUs (no
+    nvidia-smi) and declared as a machine of its own, in front of a 2-host fleet (gpu2, gpu3) of
+    a second project. Nothing about GPUs, CUDA or a model is checked there, and no strategy runs
+    there. Run first, while gpu1 serves nothing; its router is stopped after (the other tests
+    deploy the fleet's own router there)."""
+    own, gpu2, gpu3 = fleet.hosts["gpu1"], fleet.hosts["gpu2"], fleet.hosts["gpu3"]
+    d = make_deployment(tmp_path_factory.mktemp("router-host"), gpu2)
+
+    def own_machine(config):
+        config["gpu-serving:hosts"] = {"value": [{"name": "gpu2", "rehearsal": gpu2.name}, {"name": "gpu3", "rehearsal": gpu3.name}]}
+        config["gpu-serving:router"] = {"value": {"host": {"rehearsal": own.name}, "port": 30090, "metricsPort": 29090,
+                                                  "unitName": "gpu-serving-router-own", "policy": "round_robin",
+                                                  "readyTimeoutSeconds": 90}}
+    d.edit_project(own_machine)
+    own.run("mv /usr/bin/nvidia-smi /usr/bin/nvidia-smi.away", check=True)
+    try:
+        assert own.run("nvidia-smi").returncode != 0  # a machine without GPUs
+        s = d.stack("tp8")
+        s.set_config("gpu-serving:routerAdminKey", auto.ConfigValue(KEY, secret=True))
+        lines: list[str] = []
+        result = s.up(on_output=lines.append)
+        router = result.outputs["router"].value
+        assert router["status"] == "ready", (router, "\n".join(lines)[-3000:])
+        assert router["url"] == f"http://{own.address}:30090"
+        assert sorted((w["host"], w["url"], w["strategy"]) for w in router["workers"]) == [
+            ("gpu2", f"http://{gpu2.address}:30001", "tp8 pp1 dp1"), ("gpu3", f"http://{gpu3.address}:30001", "tp8 pp1 dp1")]
+        assert own.run("systemctl is-active gpu-serving-router-own").stdout.strip() == "active"
+        # The router's machine serves no strategy: no serving unit, no serving venv.
+        assert own.run("ls /etc/systemd/system | grep -c '^sglang-' || true").stdout.strip() == "0"
+        assert own.run("test -e /root/venv_sglang211").returncode != 0
+        assert set(result.outputs["readiness"].value) == {"gpu2", "gpu3"}
+    finally:
+        own.run("systemctl disable --now gpu-serving-router-own; mv /usr/bin/nvidia-smi.away /usr/bin/nvidia-smi")
+
+
 def test_up_deploys_the_router_in_front_of_every_host(fleet):
     lines: list[str] = []
     result = stack(fleet, "tp8").up(on_output=lines.append)
@@ -148,11 +184,20 @@ def test_up_deploys_the_router_in_front_of_every_host(fleet):
     assert KEY not in json.dumps({k: v.value for k, v in result.outputs.items() if not v.secret})
 
 
+ROLL_ORDER = "switch in this order: rolling switch to"
+
+
 def test_rolling_switch_drops_no_request_and_keeps_n_minus_one_serving(fleet):
+    # tp8 serves behind the router: its preview plans no switch and shows no roll order.
+    noop: list[str] = []
+    stack(fleet, "tp8").preview(on_output=noop.append)
+    assert ROLL_ORDER not in "\n".join(noop), "\n".join(noop)[-3000:]
     preview: list[str] = []
     stack(fleet, "pp8").preview(on_output=preview.append)
-    assert "switch in this order: rolling switch to pp8 behind the router" in "\n".join(preview)
-    assert "[gpu1] -> [gpu2] -> [gpu3]" in "\n".join(preview)
+    # (Said once by the program: tests/test_router.py; the engine's output shows an info line as it
+    # comes and again among the diagnostics.)
+    assert (f"{ROLL_ORDER} pp8 behind the router {fleet.router_url}, 1 at a time: [gpu1] -> [gpu2] -> [gpu3]"
+            in "\n".join(preview)), "\n".join(preview)[-3000:]
     started = time.monotonic()
     lines: list[str] = []
     with Load(fleet) as load:
@@ -194,3 +239,21 @@ def test_a_crash_rolls_that_host_back_puts_it_back_and_stops_the_roll(fleet):
         assert h.run("systemctl is-active sglang-kimi-k2.6-pp8.service").stdout.strip() == "active", name
         if name != "gpu1":
             assert "hosts[%s]: roll: taking" % name not in text
+
+
+def test_a_switch_back_to_a_stack_deployed_before_rolls_too(fleet):
+    """tp8 was deployed (test 2), then pp8: going back is an update of tp8's services (after the
+    refresh they read "superseded"), not a create, and it rolls the same way."""
+    preview: list[str] = []
+    stack(fleet, "tp8").preview(on_output=preview.append)
+    assert f"{ROLL_ORDER} tp8 behind the router" in "\n".join(preview), "\n".join(preview)[-3000:]
+    lines: list[str] = []
+    with Load(fleet) as load:
+        result = stack(fleet, "tp8").up(on_output=lines.append)
+    text = "\n".join(lines)
+    assert load.failed == [], load.failed[:10]
+    assert min(load.samples) >= 2, load.samples
+    for name in ("gpu1", "gpu2", "gpu3"):
+        assert f"hosts[{name}]: roll: taking" in text, text[-3000:]
+        assert result.outputs["readiness"].value[name]["layout"]["tp_size"] == 8
+    assert sorted(w["strategy"] for w in result.outputs["router"].value["workers"]) == ["tp8 pp1 dp1"] * 3
