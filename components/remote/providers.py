@@ -463,19 +463,22 @@ class ServiceProvider(ResourceProvider):
         if plan.progress:
             _progress(f"{_who(props)}{unit}: {plan.progress}")
         report = None
-        for step in plan.steps:
-            if step.action in ("start", "restart"):
-                # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
-                since, baseline = probe.start(t, unit, step.action)
-                report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
-                                          settings=props.get("readiness") or {}, since=since, baseline=baseline,
-                                          progress=lambda m: _progress(_who(props) + m))
-                if report.status != R.READY:
-                    self._fail(t, props, report, plan, since)
-            else:
-                self._do(t, step, unit)
+        after = plan.steps
+        if plan.starts:
+            # The steps before the start (daemon-reload, then the stop of what serves) and the start
+            # in one round trip: the GPUs are idle only from the stop to the new server's start.
+            at = plan.steps.index(plan.starts)
+            since, baseline = probe.start(t, unit, plan.starts.action, before=plan.steps[:at])
+            report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
+                                      settings=props.get("readiness") or {}, since=since, baseline=baseline,
+                                      progress=lambda m: _progress(_who(props) + m))
+            if report.status != R.READY:
+                self._fail(t, props, report, plan, since)
+            after = plan.steps[at + 1:]
+        # The rest (enable it, disable the others) and the read of what it runs now: one round trip.
+        live = probe.run_steps(t, unit, after)
         _take_replaced(t)  # kept: nothing to put back
-        return self._outs(t, props, plan.previous, report.as_dict() if report else None)
+        return self._outs(props, plan.previous, report.as_dict() if report else None, live)
 
     def _do(self, t: ssh.Target, step: switch.Step, unit: str, check: bool = True) -> None:
         """One systemctl step of a plan (switch.ACTIONS); start, restart and restore-files are the
@@ -557,11 +560,16 @@ class ServiceProvider(ResourceProvider):
     def _unlock(self, chan) -> None:
         host_unlock(chan)
 
-    def _outs(self, t, props, previous, report) -> dict:
-        state = self._show(t, [props["unit"]])[props["unit"]]
+    def _outs(self, props, previous, report, live: str) -> dict:
+        """The outputs of a switch from `live` (SERVICE_SCRIPT's answer, read after its last step)."""
+        head, sections = self._split_read(live)
+        state = self._states(head, [props["unit"]])[props["unit"]]
+        active = props.get("active", True)
         return {**props, "previous": previous, "readinessReport": report,
-                "active": state.get("ActiveState") == "active" if props.get("active", True) else False,
-                "enabled": state.get("UnitFileState") == "enabled"}
+                "active": state.get("ActiveState") == "active" if active else False,
+                "enabled": state.get("UnitFileState") == "enabled",
+                "runningServer": self._running(props, state, sections) if active and state.get("LoadState") != "not-found"
+                else R.NOT_RUNNING}
 
     def check(self, olds, news):
         self._preview_switch(olds, news)
@@ -599,7 +607,7 @@ class ServiceProvider(ResourceProvider):
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(props, exc) from None
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
-                            outs={**outs, "runningServer": self._running_now(props), "readinessReport": self._last_check(outs)})
+                            outs={**outs, "readinessReport": self._last_check(outs)})
 
     def update(self, id, olds, news):
         # Restart when the declaration changed, or when the running process was started from
@@ -612,8 +620,7 @@ class ServiceProvider(ResourceProvider):
             outs = self._start(news, restart=restart is not None)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(news, exc) from None
-        return UpdateResult(outs={**outs, "runningServer": self._running_now(news),
-                                  "readinessReport": self._last_check(outs, olds)})
+        return UpdateResult(outs={**outs, "readinessReport": self._last_check(outs, olds)})
 
     @staticmethod
     def _last_check(outs: dict, olds: Optional[dict] = None) -> dict:
