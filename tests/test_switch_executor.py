@@ -33,7 +33,10 @@ class Host:
             # A unit systemd does not know (no properties) is not among the files found.
             listed = [u for u, props in self.units.items() if props]
             blocks = "\n\n".join("\n".join(f"{k}={v}" for k, v in self.units[u].items()) for u in listed)
-            return 0, f"@@units\n{chr(10).join(listed)}\n@@show\n{blocks}\n".encode(), b""
+            # The port's listener, when the case has one: a process in a login session, none of our units.
+            listeners = ('@@listeners\nLISTEN 0 2048 0.0.0.0:30000 0.0.0.0:* users:(("python3",pid=4242,fd=3))\n'
+                         "@@cgroup 4242\n0::/user.slice/user-0.slice/session-1.scope\n") if self.holder else "@@listeners\n\n"
+            return 0, f"{listeners}@@units\n{chr(10).join(listed)}\n@@show\n{blocks}\n".encode(), b""
         if argv[:2] == ["sh", "-c"] and argv[2] == probe.START_SCRIPT:
             # The steps before the start ride in the start's own round trip, in order.
             verb, unit, *before = argv[4:]
@@ -44,12 +47,6 @@ class Host:
             unit, *steps = argv[4:]
             self.changes += [self.step(w) for w in steps]
             return 0, f"@@read\nId={unit}\nActiveState=active\nUnitFileState=enabled\n@@cmdline\n\n@@environ\n\n@@manager\n".encode(), b""
-        if argv[0] == "ss":
-            if not self.holder:
-                return 0, b"", b""
-            return 0, b'LISTEN 0 2048 0.0.0.0:30000 0.0.0.0:* users:(("python3",pid=4242,fd=3))\n', b""
-        if argv[0] == "cat" and argv[1].startswith("/proc/"):
-            return 0, b"0::/user.slice/user-0.slice/session-1.scope\n", b""
         if argv[0] == "journalctl":
             return 0, b"2026-01-01T00:00:00+0000 host python3[77]: CUDA out of memory\n", b""
         if argv[:2] == ["systemctl", "show"]:

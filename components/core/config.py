@@ -606,7 +606,7 @@ class VenvSettings(Settings):
 class ReadinessSettings(Settings):
     # A 590 GB checkpoint takes many minutes to load; the deadline covers load + warmup.
     timeout_seconds: float = Field(3600, gt=0, le=86400)
-    # First poll right after the start, then polls that wait on the host 0.5 s growing x1.5 to
+    # Polls that wait on the host, from the start: 0.5 s growing x1.5 to
     # pollMaxSeconds and answer at once on the server's signals (port, ready line, generation):
     # the interval bounds the round trips, never how late readiness is seen.
     poll_initial_seconds: float = Field(0.5, gt=0, le=600)

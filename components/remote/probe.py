@@ -211,7 +211,9 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
     url = f"http://{address}:{port}"
     start = time.monotonic()
     deadline = float(settings.get("timeoutSeconds", 3600))
-    pause = 0.0
+    # After a start the first poll already waits on the host (it answers at once if the unit stops
+    # or the server is ready); a server someone else started is looked at once first.
+    pause = float(settings.get("pollInitialSeconds", 0.5)) if since is not None else 0.0
     ever_healthy = False
     ready_logged_at = None
     gen_timeout = float(settings.get("generationTimeoutSeconds", 60))

@@ -411,14 +411,6 @@ class ServiceProvider(ResourceProvider):
         blocks = list(shown.values())
         return {u: (shown.get(u) or (blocks[i] if i < len(blocks) else {})) for i, u in enumerate(units)}
 
-    def _foreign_listener(self, t: ssh.Target, port: int, ours: list[str]) -> Optional[str]:
-        """A process that holds the serving port and is not one of our strategy units."""
-        out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30,
-                      check=False, read=True).stdout
-        cgroups = {pid: ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30,
-                                check=False, read=True).stdout for pid in switch.listener_pids(out)}
-        return switch.foreign_listener(out, cgroups, ours)
-
     def _start(self, props: dict, restart: bool) -> dict:
         t = _require_target(props)
         unit = props["unit"]
@@ -445,17 +437,19 @@ class ServiceProvider(ResourceProvider):
             raise DeployError(f"the roll stopped at {who.strip().rstrip(':') or t.label}: the hosts after it keep serving "
                               f"their strategy.\n{exc}") from None
 
-    def _managed(self, t: ssh.Target, unit: str) -> dict[str, dict[str, str]]:
-        """The gpu-serving units the host has and their state, `unit` first (switch.py)."""
-        out = ssh.run(t, ["sh", "-c", switch.MANAGED_UNITS_SCRIPT, "sh", unit], purpose="listing the gpu-serving units",
+    def _managed(self, t: ssh.Target, unit: str, port: int) -> tuple[dict[str, dict[str, str]], Optional[str]]:
+        """The gpu-serving units the host has and their state, `unit` first, and a process that
+        holds the serving port and is none of them (switch.py), in one round trip."""
+        out = ssh.run(t, ["sh", "-c", switch.MANAGED_UNITS_SCRIPT, "sh", unit, str(port)], purpose="listing the gpu-serving units",
                       timeout=60, read=True)
         units = switch.parse_managed_units(out.stdout)
-        return units if unit in units else {unit: {}, **units}
+        units = units if unit in units else {unit: {}, **units}
+        ss_out, cgroups = switch.parse_listeners(out.stdout)
+        return units, switch.foreign_listener(ss_out, cgroups, list(units))
 
     def _switch(self, t: ssh.Target, props: dict, unit: str, restart: bool) -> dict:
         """Observe the host, plan (switch.py decides), then run the plan's steps in order."""
-        units = self._managed(t, unit)
-        holder = self._foreign_listener(t, int(props["port"]), list(units))
+        units, holder = self._managed(t, unit, int(props["port"]))
         plan = switch.plan(unit, units, restart=restart, active=props.get("active", True),
                            enabled=props.get("enabled", True), port_holder=holder, port=int(props["port"]), host=t.label)
         if plan.refused:
