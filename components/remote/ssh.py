@@ -279,6 +279,9 @@ def client(t: Target) -> paramiko.SSHClient:
                               "switch lock) went with it, so nothing more was done. Run `pulumi up` again to converge.")
         return c
     with _lock:
+        # paramiko loads on its first attribute access (LazyLoader), which Python 3.11 does not
+        # make safe for several threads at once: load it here, before the hosts connect in parallel.
+        paramiko.Transport  # noqa: B018
         connecting = _connecting.setdefault(t.key, threading.Lock())
     with connecting:
         with _lock:
