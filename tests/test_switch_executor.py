@@ -198,6 +198,7 @@ def test_after_the_start_enable_then_disable_then_the_read_in_one_command(tmp_pa
     out = subprocess.run(["sh", "-c", probe.STEPS_SCRIPT, "sh", "new.service", *probe.step_words(steps)], env=env,
                          capture_output=True, text=True, check=True).stdout
     calls = [" ".join(w for w in line.split() if not w.startswith("-")) for line in log.read_text().splitlines()]
-    assert calls[:2] == ["enable new.service", "disable old.service older.service"]
-    assert calls[2].startswith("show ") and calls[2].endswith("new.service")
+    # One reload for both (each would reload on its own), before the read.
+    assert calls[:3] == ["enable new.service", "disable old.service older.service", "daemon-reload"]
+    assert calls[3].startswith("show ") and calls[3].endswith("new.service")
     assert "ActiveState=active" in out.partition("@@read\n")[2]
