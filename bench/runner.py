@@ -193,7 +193,8 @@ class Bench:
                 sample = self.measure(tool, what, TO, hosts, scenario)
                 out[tool.name].append(sample)
                 log(f"{scenario:6} N={n} {tool.name:12} run {rep + 1}/{self.args.repeat}: {sample['seconds']:.2f} s, "
-                    f"{sample['connections']} ssh connection(s), {sample['sessions']} session(s)")
+                    f"{sample['connections']} ssh connection(s), {sample['sessions']} session(s)"
+                    + (f"; downtime {sample['downtime']}" if sample.get("downtime") else ""))
         return out
 
     def run(self) -> None:
