@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import downtime
 from . import hosts as H
 from . import stats
 from . import tools
@@ -78,8 +79,9 @@ class Bench:
             return
         venv = ensure_bench_venv()
         self.hosts = H.boot([f"{self.args.host_prefix}{i}" for i in range(n)], log, fresh=not self.args.reuse_hosts)
+        load = self.args.load_seconds
         self.projects = {h.name: make_project(self.work, h.name, self.args.program_ref,
-                                                  tuple(self.args.program_paths or PROGRAM)) for h in self.hosts}
+                                              tuple(self.args.program_paths or PROGRAM), load_seconds=load) for h in self.hosts}
         tools.use_peers(self.work / "peers")
         self.plans = plans_of(self.projects[self.hosts[0].name])
         for h in self.hosts[1:]:
@@ -90,7 +92,7 @@ class Bench:
         self.fleets = {} if self.args.gpu_serving_fleet == "stacks" else {
             tuple(h.name for h in self.hosts[:n]): make_project(
                 self.work, "", self.args.program_ref, tuple(self.args.program_paths or PROGRAM),
-                fleet=[h.name for h in self.hosts[:n]])
+                fleet=[h.name for h in self.hosts[:n]], load_seconds=load)
             for n in self.args.fleet if n > 1}
         all_tools: list[Tool] = [GpuServing(self.projects, fleets=self.fleets), Ansible(venv, self.work, self.plans),
                                  Pyinfra(venv, self.work, self.plans), RawSsh(self.work, self.plans)]
@@ -139,6 +141,11 @@ class Bench:
             counter = H.Counter(hosts)
             counter.start()
             wall = time.time()
+            # gpu-serving's switches: the downtime, from the host side (bench/downtime.py).
+            probers = [downtime.Prober(h.info.address, self.plans[stack]["port"]) for h in hosts] \
+                if scenario == "switch" and tool.name == "gpu-serving" else []
+            for p in probers:
+                p.__enter__()
             t0 = time.monotonic()
             failed = None
             try:
@@ -146,6 +153,9 @@ class Bench:
             except ToolFailed as exc:
                 failed = exc
             seconds = time.monotonic() - t0
+            returned = time.time()
+            for p in probers:
+                p.__exit__()
             tool.after_run()
             conns, sessions = counter.stop()
             units = [p["unit_name"] for p in self.plans.values()]
@@ -162,6 +172,11 @@ class Bench:
                 raise failed
             break
         sample = {"seconds": round(seconds, 4), "connections": conns, "sessions": sessions}
+        if probers:
+            units = [self.plans[FROM]["unit_name"], self.plans[TO]["unit_name"]]
+            per_host = [downtime.compute(p.results, downtime.journal_events(h.journal, wall - 1, units), *units)
+                        for h, p in zip(hosts, probers)]
+            sample["downtime"] = downtime.combine(per_host, returned)
         if what == "check":
             sample["drift"] = bool(result)
             if result:
@@ -189,7 +204,8 @@ class Bench:
                 sample = self.measure(tool, what, TO, hosts, scenario)
                 out[tool.name].append(sample)
                 log(f"{scenario:6} N={n} {tool.name:12} run {rep + 1}/{self.args.repeat}: {sample['seconds']:.2f} s, "
-                    f"{sample['connections']} ssh connection(s), {sample['sessions']} session(s)")
+                    f"{sample['connections']} ssh connection(s), {sample['sessions']} session(s)"
+                    + (f"; downtime {sample['downtime']}" if sample.get("downtime") else ""))
         return out
 
     def run(self) -> None:
@@ -292,6 +308,10 @@ def parse_args(argv=None):
     p.add_argument("--gpu-serving-fleet", choices=("hosts", "stacks"),
                    help="a gpu-serving fleet as one stack with gpu-serving:hosts (default) or one stack per host "
                         "in parallel (default with --program-ref: a program from before fleets)")
+    p.add_argument("--load-seconds", type=float, default=0,
+                   help="the rehearsal engine loads for this long (REHEARSAL_LOAD_SECONDS; default 0: the tool is timed); "
+                        "the downtime rows (a), (b), (c) are measured on every gpu-serving switch")
+    p.add_argument("--host-prefix", default="bench", help="rehearsal host names: PREFIX0.. (default bench)")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. 'before optimisations')")
     args = p.parse_args(argv)
     if args.repeat is None:
@@ -340,7 +360,7 @@ def main(argv=None) -> int:
         "config": {"program_ref": args.program_ref, "program_paths": args.program_paths,
                    "gpu_serving_fleet": args.gpu_serving_fleet, "repeat": args.repeat, "fleet": args.fleet,
                    "tools": args.tools, "scenarios": args.scenarios,
-                   "quick": args.quick, "note": args.note},
+                   "quick": args.quick, "note": args.note, "load_seconds": args.load_seconds},
         "samples": bench.samples,
         "variants": bench.variants,
         "flakes": bench.flakes,

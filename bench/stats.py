@@ -24,6 +24,10 @@ TITLES = {
 }
 
 
+# bench/downtime.py's figures of a gpu-serving switch, in the order of the table's columns.
+DOWNTIME_KEYS = ("stop_to_start", "ready_to_return", "idle_sessions", "idle_seconds")
+
+
 def summarize(values: Iterable[float]) -> Optional[dict]:
     """min / median / max / n of a list of numbers; None for no values."""
     xs = sorted(float(v) for v in values)
@@ -41,6 +45,11 @@ def summarize_samples(samples: list[dict]) -> Optional[dict]:
     for key in ("connections", "sessions"):
         values = [s[key] for s in samples if s.get(key) is not None]
         out[key] = statistics.median(values) if values else None
+    downtimes = [s["downtime"] for s in samples if s.get("downtime")]
+    if downtimes:
+        # Medians over the runs of each figure (bench/downtime.py); runs missing one are left out of it.
+        out["downtime"] = {key: (statistics.median(v) if v else None) for key in DOWNTIME_KEYS
+                           for v in [[d[key] for d in downtimes if d.get(key) is not None]]}
     return out
 
 
@@ -197,8 +206,29 @@ def report(results: dict) -> str:
         out.append(f"### fleet switch with router: tp8 -> ep8 on {router['hosts']} hosts, {router['clients']} clients "
                    "sending requests through the router during the `pulumi up`\n")
         out.append(router_table(router))
+    switch = summaries.get("fleet", {}).get("switch") or (
+        {"1": summaries["single"]["switch"]} if "switch" in summaries.get("single", {}) else {})
+    downtime = downtime_table({int(n): v for n, v in switch.items()})
+    if downtime:
+        load = (results.get("config") or {}).get("load_seconds") or 0
+        out.append(f"### gpu-serving switch downtime, from the host side (engine loads {load:g} s)\n")
+        out.append(downtime)
         out.append("")
     return "\n".join(out)
+
+
+def downtime_table(by_hosts: dict[int, dict[str, Optional[dict]]]) -> str:
+    """gpu-serving's switch, from the host side, one row per fleet size (medians of the runs)."""
+    rows = []
+    for n in sorted(by_hosts):
+        s = by_hosts[n].get(OURS) or {}
+        d = s.get("downtime")
+        if not d:
+            continue
+        rows.append([str(n), str(s["seconds"]["n"]), _f(s["seconds"]["median"]), _f(d.get("stop_to_start")),
+                     _f(d.get("ready_to_return")), _num(d.get("idle_sessions")), _f(d.get("idle_seconds"))])
+    return table(["hosts", "runs", "switch s", "(a) old last generation -> new start s",
+                  "(b) new first generation -> up returned s", "(c) ssh sessions while idle", "GPUs idle s"], rows) if rows else ""
 
 
 def summarize_results(samples: dict) -> dict:

@@ -88,11 +88,11 @@ PROGRAM = ("components", "__main__.py", "Pulumi.yaml", "Pulumi.tp8.yaml", "Pulum
 
 
 def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str, ...] = PROGRAM,
-                 fleet: list[str] | None = None, label: str = "") -> Project:
+                 fleet: list[str] | None = None, label: str = "", load_seconds: float = 0) -> Project:
     """work/<host>/project: the repository's program (the work tree's, or with `paths` as they
-    are at git commit `ref`), Pulumi.yaml pointed at rehearsal host `host`; with `fleet`, one
-    stack for all those rehearsal hosts (gpu-serving:hosts), in work/fleet-<names>/, or in
-    work/<label>/ (a second project for the same hosts, with its own state)."""
+    are at git commit `ref`), Pulumi.yaml pointed at rehearsal host `host` (the engine loading for
+    `load_seconds`); with `fleet`, one stack for all those rehearsal hosts (gpu-serving:hosts), in
+    work/fleet-<names>/, or in work/<label>/ (a second project for the same hosts, with its own state)."""
     if fleet:
         host = label or "fleet-" + "-".join(fleet)
     root = work / host
@@ -121,6 +121,9 @@ def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str
     else:
         config["gpu-serving:host"]["value"]["rehearsal"] = host
     config["gpu-serving:serving"]["value"]["environment"].update(ZERO_LOAD)
+    if load_seconds:
+        # The downtime measurement: a server that loads for a fixed time, as a real one does.
+        config["gpu-serving:serving"]["value"]["environment"]["REHEARSAL_LOAD_SECONDS"] = f"{load_seconds:g}"
     # The rehearsal host's cgroup v1 hierarchy fails a unit start now and then (219/CGROUP); the
     # runner discards such runs, and a short RestartSec keeps the time they waste short. Every
     # tool deploys this same rendered unit.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import downtime
 from bench import hosts as H
 from bench import stats
 from bench.runner import parse_args, render
@@ -157,3 +158,33 @@ def test_router_scenario_wiring_on_the_command_line():
     assert "router" in parse_args([]).scenarios  # a default run measures it too, on its largest fleet
     with pytest.raises(SystemExit):
         parse_args(["--scenarios", "router", "--fleet", "1"])  # a fleet of one has nothing to roll
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).parent / "data" / "bench-downtime").glob("*.json")))
+def test_downtime_from_the_probes_and_the_hosts_journal(name):
+    """bench/downtime.py: (a), (b), (c) of one switch from the prober's answers and the host's
+    journal events (tests/data/bench-downtime/), with data only."""
+    case = json.loads((Path(__file__).parent / "data" / "bench-downtime" / f"{name}.json").read_text())
+    one = downtime.compute([tuple(p) for p in case["probes"]], case["events"], case["old_unit"], case["new_unit"])
+    got = downtime.combine([one], case["returned"])
+    assert {k: None if v is None else round(v, 3) for k, v in got.items()} == case["expect"]
+
+
+def test_a_fleets_downtime_is_its_worst_host_and_its_last_first_generation():
+    a = {"stop_to_start": 0.2, "first_ok": 10.0, "idle_sessions": 3, "idle_seconds": 9.0}
+    b = {"stop_to_start": 0.4, "first_ok": 11.0, "idle_sessions": 2, "idle_seconds": 10.0}
+    assert downtime.combine([a, b], 12.0) == {"stop_to_start": 0.4, "ready_to_return": 1.0, "idle_sessions": 3,
+                                              "idle_seconds": 10.0}
+    # A host without evidence makes the fleet's figure unknown, not the others' best.
+    assert downtime.combine([a, {**b, "first_ok": None, "stop_to_start": None}], 12.0)["ready_to_return"] is None
+
+
+def test_the_report_prints_the_downtime_rows():
+    samples = {"single": {"switch": {"gpu-serving": [
+        {**sample(5.0, 2, 20), "downtime": {"stop_to_start": 0.1, "ready_to_return": 1.4, "idle_sessions": 2, "idle_seconds": 0.5}},
+        {**sample(6.0, 2, 20), "downtime": {"stop_to_start": 0.3, "ready_to_return": 1.6, "idle_sessions": 4, "idle_seconds": 0.7}}]}},
+        "fleet": {}}
+    results = {"summary": stats.summarize_results(samples), "config": {"load_seconds": 20}}
+    text = stats.report(results)
+    assert "switch downtime, from the host side (engine loads 20 s)" in text
+    assert "| 1     | 2    | 5.50     | 0.20" in text and "| 1.50 " in text and "| 3 " in text

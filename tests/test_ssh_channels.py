@@ -320,3 +320,35 @@ def test_a_session_open_that_times_out_is_a_lost_connection_replaced_by_a_new_on
     monkeypatch.setattr(ScriptedTransport, "open_session", frozen_first)
     assert ssh.run(t, ["echo", "fresh"], purpose="the next command").stdout == "fresh\n"
     assert len(opened) == 2 and ssh.counters == {"lost": 1, "retried": 1, "refused": 0}
+
+
+def test_a_fleets_hosts_connect_at_the_same_time_and_one_host_once(monkeypatch):
+    """Opening the connection to one host never waits for another host's handshake (a fleet's
+    hosts connect at once: issue 18, point 4), and threads asking for the same host share one
+    connection. Each fake handshake waits until the other host's has begun: behind one lock for
+    all hosts the barrier breaks."""
+    barrier = threading.Barrier(2, timeout=10)
+    calls: list[str] = []
+
+    class Live:
+        def get_transport(self):
+            return self
+
+        def is_active(self):
+            return True
+
+        def close(self):
+            pass
+
+    def connect(t):
+        calls.append(t.host)
+        barrier.wait()
+        return Live()
+
+    monkeypatch.setattr(ssh, "_connect", connect)
+    monkeypatch.setattr(ssh, "_clients", {})
+    a, b = (ssh.Target(host=h, port=22, user="root", private_key="k", host_key="x") for h in ("10.0.0.1", "10.0.0.2"))
+    with ThreadPoolExecutor(4) as pool:
+        clients = list(pool.map(ssh.client, [a, b, a, b]))
+    assert sorted(calls) == ["10.0.0.1", "10.0.0.2"]
+    assert clients[0] is clients[2] and clients[1] is clients[3] and clients[0] is not clients[1]

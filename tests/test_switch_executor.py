@@ -33,18 +33,20 @@ class Host:
             # A unit systemd does not know (no properties) is not among the files found.
             listed = [u for u, props in self.units.items() if props]
             blocks = "\n\n".join("\n".join(f"{k}={v}" for k, v in self.units[u].items()) for u in listed)
-            return 0, f"@@units\n{chr(10).join(listed)}\n@@show\n{blocks}\n".encode(), b""
+            # The port's listener, when the case has one: a process in a login session, none of our units.
+            listeners = ('@@listeners\nLISTEN 0 2048 0.0.0.0:30000 0.0.0.0:* users:(("python3",pid=4242,fd=3))\n'
+                         "@@cgroup 4242\n0::/user.slice/user-0.slice/session-1.scope\n") if self.holder else "@@listeners\n\n"
+            return 0, f"{listeners}@@units\n{chr(10).join(listed)}\n@@show\n{blocks}\n".encode(), b""
         if argv[:2] == ["sh", "-c"] and argv[2] == probe.START_SCRIPT:
-            verb, unit = argv[4:6]
-            self.changes.append(f"{verb} {unit}")
+            # The steps before the start ride in the start's own round trip, in order.
+            verb, unit, *before = argv[4:]
+            self.changes += [self.step(w) for w in before] + [f"{verb} {unit}"]
             return 0, (b"1700000000\n@@start\n@@rc=0\n@@unit\nActiveState=activating\nSubState=start\nMainPID=77\n"
                        b"NRestarts=0\nResult=success\nExecMainStatus=0\n"), b""
-        if argv[0] == "ss":
-            if not self.holder:
-                return 0, b"", b""
-            return 0, b'LISTEN 0 2048 0.0.0.0:30000 0.0.0.0:* users:(("python3",pid=4242,fd=3))\n', b""
-        if argv[0] == "cat" and argv[1].startswith("/proc/"):
-            return 0, b"0::/user.slice/user-0.slice/session-1.scope\n", b""
+        if argv[:2] == ["sh", "-c"] and argv[2] == probe.STEPS_SCRIPT:
+            unit, *steps = argv[4:]
+            self.changes += [self.step(w) for w in steps]
+            return 0, f"@@read\nId={unit}\nActiveState=active\nUnitFileState=enabled\n@@cmdline\n\n@@environ\n\n@@manager\n".encode(), b""
         if argv[0] == "journalctl":
             return 0, b"2026-01-01T00:00:00+0000 host python3[77]: CUDA out of memory\n", b""
         if argv[:2] == ["systemctl", "show"]:
@@ -56,6 +58,12 @@ class Host:
             self.changes.append(" ".join(a for a in argv[1:] if a != "--quiet"))
             return 0, b"", b""
         raise AssertionError(f"a command the switch does not run: {command}")
+
+    @staticmethod
+    def step(word: str) -> str:
+        """RUN_STEPS's word ("stop:a,b") as the plan's step reads ("stop a b")."""
+        action, _, units = word.partition(":")
+        return " ".join([action, *filter(None, units.split(","))])
 
     def write(self, t, path, content, mode):
         self.changes.append(f"write {path} {content.decode()} {oct(mode)}")
@@ -142,3 +150,55 @@ def test_a_failed_start_with_nothing_replaced_writes_nothing(run_switch):
                        "stop sglang-kimi-k2.6-ep8.service", "disable sglang-kimi-k2.6-ep8.service",
                        "start sglang-kimi-k2.6-tp8.service"]
     assert "Put back" not in str(error)
+
+
+def _fake_systemctl(tmp_path, fail: str = ""):
+    """A `systemctl` on PATH that records its arguments and fails the `fail` verb (exit 5)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "calls"
+    tool = bin_dir / "systemctl"
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$1" = "{fail}" ] && exit 5\n'
+                    'if [ "$1" = show ]; then echo Id=x; echo ActiveState=active; fi\nexit 0\n')
+    tool.chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    return log, env
+
+
+@pytest.mark.parametrize("fail", ["", "stop", "daemon-reload"])
+def test_the_staged_steps_and_the_stop_run_before_the_start_in_one_command(tmp_path, fail):
+    """The real START_SCRIPT through sh: the daemon-reload, then the stop of what serves, then the
+    crash-loop reset and the start, in that order, in one command (nothing of ours runs between the
+    stop and the start); a step that fails ends it before the start (the old strategy is not
+    left stopped by a start that follows a failed step)."""
+    import subprocess
+    log, env = _fake_systemctl(tmp_path, fail)
+    plan = switch.plan("new.service", {"new.service": {}, "old.service": {"ActiveState": "active"}}, restart=False)
+    at = plan.steps.index(plan.starts)
+    assert [str(s) for s in plan.steps[:at]] == ["daemon-reload", "stop old.service"]
+    words = probe.step_words(plan.steps[:at])
+    out = subprocess.run(["sh", "-c", probe.START_SCRIPT, "sh", "start", "new.service", *words], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    calls = [" ".join(w for w in line.split() if not w.startswith("-")) for line in log.read_text().splitlines()]
+    run = ["daemon-reload", "stop old.service", "reset-failed new.service", "start new.service"]
+    if not fail:
+        assert calls[:4] == run and calls[4].startswith("show ")
+        return
+    upto = run.index(next(r for r in run if r.startswith(fail))) + 1
+    assert calls == run[:upto]
+    t = ssh.Target(host="h", port=22, user="root", private_key="k", host_key="h")
+    with pytest.raises(ssh.RemoteError, match=r"(stopping old.service|systemctl daemon-reload) on root@h:22 failed \(exit 5\)"):
+        probe._step_failed(t, out.partition("@@start")[0])
+
+
+def test_after_the_start_enable_then_disable_then_the_read_in_one_command(tmp_path):
+    import subprocess
+    log, env = _fake_systemctl(tmp_path)
+    steps = [switch.Step("enable", ("new.service",)), switch.Step("disable", ("old.service", "older.service"))]
+    out = subprocess.run(["sh", "-c", probe.STEPS_SCRIPT, "sh", "new.service", *probe.step_words(steps)], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    calls = [" ".join(w for w in line.split() if not w.startswith("-")) for line in log.read_text().splitlines()]
+    # One reload for both (each would reload on its own), before the read.
+    assert calls[:3] == ["enable new.service", "disable old.service older.service", "daemon-reload"]
+    assert calls[3].startswith("show ") and calls[3].endswith("new.service")
+    assert "ActiveState=active" in out.partition("@@read\n")[2]

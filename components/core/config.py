@@ -626,8 +626,9 @@ class VenvSettings(Settings):
 class ReadinessSettings(Settings):
     # A 590 GB checkpoint takes many minutes to load; the deadline covers load + warmup.
     timeout_seconds: float = Field(3600, gt=0, le=86400)
-    # First poll right after the start, then 0.5 s growing x1.5 to pollMaxSeconds: a fast
-    # server is seen ready within half a second, a long load is polled a few times a minute.
+    # Polls that wait on the host, from the start: 0.5 s growing x1.5 to
+    # pollMaxSeconds and answer at once on the server's signals (port, ready line, generation):
+    # the interval bounds the round trips, never how late readiness is seen.
     poll_initial_seconds: float = Field(0.5, gt=0, le=600)
     poll_max_seconds: float = Field(30, gt=0, le=600)
     generation_timeout_seconds: float = Field(60, gt=0, le=3600)

@@ -60,19 +60,33 @@ echo
 """
 
 # A poll that waits on the host: for up to $6 seconds it asks /health_generate every 0.2 s (each
-# ask bounded by 2 s; the report's own ask below has the whole generation timeout) and stops
-# as soon as the server generates or the unit is no longer running, then reports like
-# POLL_SCRIPT (the unit's state, the health, the ready line) and, when it generates, what it runs
-# (INFO_SCRIPT): the moment the server is ready is seen within 0.2 s, not a poll interval later,
-# over one round trip per interval. $1..$5 as POLL_SCRIPT.
+# ask bounded by 2 s; the report's own ask below has the whole generation timeout) and stops as
+# soon as the server gives a signal: it generates, the unit is no longer running, the port opened
+# or closed since the caller's last look ($8: "closed" or "open"; empty: not known), or the
+# server logged its ready line ($9 = 0: not seen yet; read from the journal only once the port is
+# open). Then it reports like POLL_SCRIPT (the unit's state, the health, the ready line). When it
+# generates and $7 (settle seconds) is set, it waits $7 on the host and reports again after
+# "@@settled" (ready must last), then what it runs (INFO_SCRIPT). So the moment the server is
+# ready is seen within 0.2 s, not a poll interval later, and the settle costs no round trip.
+# $1..$5 as POLL_SCRIPT.
 SNAPSHOT_SCRIPT = r"""
 end=$(awk -v w="$6" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", now + w }')
 while awk -v end="$end" -v now="$(date +%s.%N)" 'BEGIN { exit !(now < end) }'; do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$2:$3/health_generate")" = 200 ] && break
+  c=$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$2:$3/health_generate")
+  [ "$c" = 200 ] && break
   case "$(systemctl show -p ActiveState --value -- "$1")" in active|activating|reloading) ;; *) break ;; esac
+  if [ "$c" = 000 ]; then port=closed; else port=open; fi
+  [ -n "$8" ] && [ "$port" != "$8" ] && break
+  if [ "$port" = open ] && [ "$9" = 0 ] && [ "$5" != - ] && journalctl -u "$1" --since "@$5" -q --no-pager -o cat 2>/dev/null \
+       | grep -q 'The server is fired up and ready to roll'; then break; fi
   sleep 0.2
 done
 """ + POLL_SCRIPT + r"""
+if [ "$code" = 200 ] && [ "${7:-0}" != 0 ]; then
+  sleep "$7"
+  echo @@settled
+""" + POLL_SCRIPT + r"""
+fi
 if [ "$code" = 200 ]; then set -- "$2" "$3"
 """ + INFO_SCRIPT + r"""
 fi
@@ -121,13 +135,17 @@ def unit_states(units: list[str]) -> dict:
                    purpose="reading unit states", timeout=30, check=True)
 
 
-def snapshot(unit: str, address: str, port: int, gen_timeout: float, since: Optional[int], wait: float = 0.0) -> dict:
+def snapshot(unit: str, address: str, port: int, gen_timeout: float, since: Optional[int], wait: float = 0.0,
+             settle: float = 0.0, seen_port: str = "", seen_ready: bool = False) -> dict:
     """One readiness poll (probe.SNAPSHOT_SCRIPT): the unit's state, the health and, when it
     generates, what it runs. `since` None: the journal is not read; `wait`: seconds the host may
-    wait for the server to generate first."""
+    wait for a signal of the server first (`seen_port`: "closed"/"open" as the caller last saw it,
+    `seen_ready`: the caller saw its ready line); `settle`: seconds it must still generate after
+    its first answer, looked at again on the host."""
     return command(["sh", "-c", SNAPSHOT_SCRIPT, "sh", unit, address, str(int(port)), str(int(gen_timeout)),
-                    "-" if since is None else str(since), f"{max(0.0, wait):.1f}"],
-                   purpose=f"probing {unit}", timeout=gen_timeout + wait + 60, check=False)
+                    "-" if since is None else str(since), f"{max(0.0, wait):.1f}", f"{max(0.0, settle):g}", seen_port,
+                    "1" if seen_ready else "0"],
+                   purpose=f"probing {unit}", timeout=gen_timeout * (2 if settle else 1) + wait + settle + 60, check=False)
 
 
 # --- what each resource's read makes, from its props ----------------------------------------

@@ -23,10 +23,16 @@ from .unit import MARKER_KEY, UNIT_DIR
 # Units written before the marker key carry only this header; both are recognised.
 MANAGED_HEADER = "# Managed by gpu-serving (stack "
 
-# $1: the target unit. The unit files of /etc/systemd/system that gpu-serving wrote (the marker
-# key, or the header of older units), the target first, then `systemctl show` of them all in
-# that order (one block each; Id is empty for a unit systemd does not know).
+# $1: the target unit, $2: the serving port. Who listens on the port (`ss`) and each listener's
+# cgroup (`foreign_listener` tells ours from a foreign process), then the unit files of
+# /etc/systemd/system that gpu-serving wrote (the marker key, or the header of older units), the
+# target first, then `systemctl show` of them all in that order (one block each; Id is empty for
+# a unit systemd does not know). One round trip: what the switch reads before it stops anything.
 MANAGED_UNITS_SCRIPT = (
+    "listeners=$(ss -Hltnp \"sport = :$2\" 2>/dev/null)\n"
+    "echo @@listeners; printf '%s\\n' \"$listeners\"\n"
+    "for pid in $(printf '%s\\n' \"$listeners\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do\n"
+    "  echo \"@@cgroup $pid\"; cat \"/proc/$pid/cgroup\" 2>/dev/null\ndone\n"
     f"cd {UNIT_DIR} 2>/dev/null || exit 0\n"
     f"others=$(grep -l -s -e '^{MARKER_KEY}=' -e '^{MANAGED_HEADER.replace('(', '[(]')}' -- *.service"
     " | grep -v -x -F -e \"$1\")\n"
@@ -165,6 +171,12 @@ def plan(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active: 
         reason = f"{unit} does not run: started" + (f" after {', '.join(running)} stopped" if running else "")
     return SwitchPlan(unit, steps + stop + [Step(verb, (unit,))] + after, reason, previous=previous,
                       rollback_to=rollback_to, on_failure=on_failure)
+
+
+def parse_listeners(stdout: str) -> tuple[str, dict[str, str]]:
+    """MANAGED_UNITS_SCRIPT's listeners: (`ss` lines, pid -> its /proc/<pid>/cgroup)."""
+    s = split_sections(stdout)
+    return s.get("listeners", ""), {k.split()[1]: v for k, v in s.items() if k.startswith("cgroup ") and len(k.split()) == 2}
 
 
 def foreign_listener(ss_out: str, cgroups: dict[str, str], ours: list[str]) -> Optional[str]:

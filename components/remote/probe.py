@@ -14,24 +14,91 @@ from ..core.facts import SHOW_OPTIONS, parse_systemctl_show, show_options, split
 from ..core.reads import (  # noqa: F401
     INFO_SCRIPT,
     POLL_SCRIPT,
+    SERVICE_SCRIPT,
     SNAPSHOT_SCRIPT,
     probe_address,
 )
 from . import ssh
 
-# $1 verb (start | restart), $2.. units: the host's clock (the journal is read from then on), the
-# crash-loop counter reset (a deliberate start is not a crash loop: StartLimitBurst would otherwise
-# refuse the 4th switch to a strategy within StartLimitIntervalSec), the start, then the unit's
-# state right after it (the baseline readiness compares restarts and PIDs with).
+# The steps of a switch plan that run before a start, or after it, as words "action:unit,unit"
+# (`step_words`), in order, in the same round trip as the start or the read that follows: the
+# first that fails ends the script, printing "@@failed=<exit status> <word>" and its output.
+# enable/disable leave systemd's reload to one daemon-reload after the last of them (each would
+# reload on its own: ~0.5 s each on a busy host, after the new server is ready).
+RUN_STEPS = r"""
+reload=
+for step in "$@"; do
+  action=${step%%:*}; units=$(printf '%s' "${step#*:}" | tr , ' ')
+  case $action in
+    daemon-reload) out=$(systemctl daemon-reload 2>&1) ;;
+    stop) out=$(systemctl stop --quiet -- $units 2>&1) ;;
+    enable|disable) reload=1; out=$(systemctl "$action" --no-reload --quiet -- $units 2>&1) ;;
+    *) out="unknown step $action"; false ;;
+  esac || { rc=$?; [ -z "$reload" ] || systemctl daemon-reload; printf '@@failed=%s %s\n%s\n' "$rc" "$step" "$out"; exit 0; }
+done
+if [ -n "$reload" ]; then
+  out=$(systemctl daemon-reload 2>&1) || { printf '@@failed=%s daemon-reload:\n%s\n' "$?" "$out"; exit 0; }
+fi
+"""
+
+# $1 verb (start | restart), $2 unit, $3.. the plan's steps before the start (RUN_STEPS: the
+# daemon-reload, the stop of the strategy that serves): the host's clock (the journal is read from
+# then on), those steps, the crash-loop counter reset (a deliberate start is not a crash loop:
+# StartLimitBurst would otherwise refuse the 4th switch to a strategy within
+# StartLimitIntervalSec), the start, then the unit's state right after it (the baseline readiness
+# compares restarts and PIDs with). One round trip: nothing of ours runs between the moment the
+# old server is down and the new one's start.
 START_SCRIPT = r"""
 date +%s
+verb=$1; unit=$2; shift 2
+""" + RUN_STEPS + r"""
 echo @@start
-verb=$1; unit=$2
 systemctl reset-failed -- "$unit" 2>/dev/null
 systemctl "$verb" -- "$unit" 2>&1; echo "@@rc=$?"
 echo @@unit
 systemctl show """ + SHOW_OPTIONS + r""" -- "$unit"
 """
+
+# $1 unit, $2.. the plan's steps (RUN_STEPS) when there is no start to wait for, or after it
+# (enable the new strategy, disable the others), then what $1 is and runs now (SERVICE_SCRIPT),
+# in one round trip.
+STEPS_SCRIPT = r"""
+unit=$1; shift
+""" + RUN_STEPS + r"""
+echo @@read
+set -- "$unit"
+""" + SERVICE_SCRIPT
+
+
+def step_words(steps) -> list[str]:
+    """switch.Step objects as RUN_STEPS's words."""
+    return [f"{s.action}:{','.join(s.units)}" for s in steps]
+
+
+def _step_failed(t: ssh.Target, stdout: str) -> None:
+    """Raise the RemoteError of the step RUN_STEPS reports as failed, if any."""
+    head, marker, rest = stdout.partition("@@failed=")
+    if not marker:
+        return
+    first, _, output = rest.partition("\n")
+    rc, _, word = first.partition(" ")
+    action, _, units = word.partition(":")
+    names = units.replace(",", ", ")
+    purpose = {"daemon-reload": "systemctl daemon-reload", "stop": f"stopping {names}",
+               "enable": f"enabling {names}", "disable": f"disabling {names}"}.get(action, word)
+    tail = "\n".join(output.strip().splitlines()[-15:])
+    raise ssh.RemoteError(f"{purpose} on {t.label} failed (exit {rc}):\n{tail}")
+
+
+def run_steps(t: ssh.Target, unit: str, steps) -> str:
+    """STEPS_SCRIPT: the steps in order, then SERVICE_SCRIPT's answer for `unit` (returned).
+    Raises RemoteError naming the first step that failed (the later ones did not run)."""
+    out = ssh.run(t, ["sh", "-c", STEPS_SCRIPT, "sh", unit, *step_words(steps)],
+                  purpose=f"switching to {unit}" if steps else f"reading the state of {unit}", timeout=300, check=False)
+    _step_failed(t, out.stdout)
+    if "@@read\n" not in out.stdout:
+        raise ssh.RemoteError(f"reading the state of {unit} on {t.label} failed (exit {out.rc}):\n{out.stderr.strip()[-500:]}")
+    return out.stdout.partition("@@read\n")[2]
 
 
 def unit_state(t: ssh.Target, unit: str) -> R.UnitState:
@@ -62,25 +129,35 @@ def observe(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: floa
 
 
 def snapshot(t: ssh.Target, unit: str, address: str, port: int, gen_timeout: float, since: Optional[int],
-             elapsed: float, wait: float = 0.0) -> tuple[R.Observation, Optional[tuple[str, dict, dict]]]:
-    """One round trip: the poll, and (probe used, server info, /v1/models) when it generates.
-    `wait`: seconds the host may wait for the server to generate (or the unit to stop) first;
-    `elapsed` is the caller's clock when it sent the poll."""
+             elapsed: float, wait: float = 0.0, settle: float = 0.0, seen_port: str = "", seen_ready: bool = False
+             ) -> tuple[R.Observation, Optional[tuple[str, dict, dict]], Optional[R.Observation]]:
+    """One round trip: the poll, (probe used, server info, /v1/models) when it generates, and the
+    look `settle` seconds after its first generation (None: no settle asked, or it did not
+    generate). `wait`, `seen_port`, `seen_ready`: reads.snapshot; `elapsed` is the caller's clock
+    when it sent the poll."""
     t0 = time.monotonic()
-    out = ssh.fetch(t, reads.snapshot(unit, address, port, gen_timeout, since, wait))
-    return read_snapshot(out.stdout, elapsed + (time.monotonic() - t0 if wait else 0.0))
+    out = ssh.fetch(t, reads.snapshot(unit, address, port, gen_timeout, since, wait, settle, seen_port, seen_ready))
+    head, marker, settled = out.stdout.partition("\n@@settled\n")
+    took = time.monotonic() - t0
+    obs = _observation(head, elapsed + (took - (settle if marker else 0.0) if wait else 0.0))
+    again = _observation(settled, elapsed + took) if marker else None
+    return obs, (_info(out.stdout) if (again or obs).health == 200 else None), again
 
 
 def read_snapshot(stdout: str, elapsed: float) -> tuple[R.Observation, Optional[tuple[str, dict, dict]]]:
-    """What a snapshot printed: the observation, and what the server runs when it generates."""
+    """What a snapshot without settle printed: the observation, and what the server runs when it generates."""
     obs = _observation(stdout, elapsed)
     return obs, (_info(stdout) if obs.health == 200 else None)
 
 
-def start(t: ssh.Target, unit: str, verb: str = "start") -> tuple[int, R.UnitState]:
-    """`systemctl start|restart unit` in one round trip: (host clock before the start, the unit's
-    state right after it). Raises RemoteError when systemctl fails."""
-    out = ssh.run(t, ["sh", "-c", START_SCRIPT, "sh", verb, unit], purpose=f"starting {unit}", timeout=180, check=False)
+def start(t: ssh.Target, unit: str, verb: str = "start", before=()) -> tuple[int, R.UnitState]:
+    """`systemctl start|restart unit` in one round trip, after the plan's steps `before` (the
+    daemon-reload, the stop of the strategy that serves): (host clock before those steps, the
+    unit's state right after the start). Raises RemoteError when a step or systemctl fails (a
+    failed step: nothing after it ran, the start neither)."""
+    out = ssh.run(t, ["sh", "-c", START_SCRIPT, "sh", verb, unit, *step_words(before)], purpose=f"starting {unit}",
+                  timeout=180 + 240 * bool(before), check=False)
+    _step_failed(t, out.stdout.partition("@@start")[0])
     head, _, rest = out.stdout.partition("@@start")
     s = split_sections("@@start" + rest)
     started = s.get("start", "")
@@ -89,7 +166,7 @@ def start(t: ssh.Target, unit: str, verb: str = "start") -> tuple[int, R.UnitSta
         detail = "\n".join((started.replace(f"@@rc={rc}", "") + out.stderr).strip().splitlines()[-15:])
         raise ssh.RemoteError(f"starting {unit} on {t.label} failed (systemctl {verb} exit {rc or '?'}):\n{detail}")
     props = next(iter(parse_systemctl_show(s.get("unit", "")).values()), {})
-    return int(float(head.strip().splitlines()[-1])), R.UnitState.from_show(props)
+    return int(float(head.strip().splitlines()[0])), R.UnitState.from_show(props)
 
 
 def _body(section: str) -> tuple[int, Optional[dict]]:
@@ -141,17 +218,25 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
     url = f"http://{address}:{port}"
     start = time.monotonic()
     deadline = float(settings.get("timeoutSeconds", 3600))
-    pause = 0.0
+    # After a start the first poll already waits on the host (it answers at once if the unit stops
+    # or the server is ready); a server someone else started is looked at once first.
+    pause = float(settings.get("pollInitialSeconds", 0.5)) if since is not None else 0.0
     ever_healthy = False
     ready_logged_at = None
     gen_timeout = float(settings.get("generationTimeoutSeconds", 60))
+    settle = float(settings.get("settleSeconds", 1))
     last_phase = None
+    seen_port = ""
     while True:
         elapsed = time.monotonic() - start
-        # The host waits up to `pause` for the server (it answers as soon as it generates).
-        obs, info_read = snapshot(t, unit, address, port, gen_timeout, since, elapsed,
-                                  wait=min(pause, max(0.0, deadline - elapsed)))
+        # The host waits up to `pause` for a signal of the server (port, ready line, generation);
+        # never past the moment a verdict is due.
+        limit = deadline if ready_logged_at is None else min(deadline, ready_logged_at + gen_timeout)
+        obs, info_read, settled = snapshot(t, unit, address, port, gen_timeout, since, elapsed,
+                                           wait=min(pause, max(0.0, limit - elapsed)), settle=settle,
+                                           seen_port=seen_port, seen_ready=ready_logged_at is not None)
         elapsed = obs.elapsed
+        seen_port = "closed" if obs.health == 0 else "open"
         if obs.logged_ready and ready_logged_at is None:
             ready_logged_at = elapsed
         verdict = R.judge(baseline, obs, deadline, ever_healthy,
@@ -161,11 +246,13 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
             last_phase = verdict.phase
         if verdict.outcome == R.READY:
             ever_healthy = True
-            settle = float(settings.get("settleSeconds", 1))
             if settle:
                 # Ready must last: a server that dies right after its first answer is not ready.
-                time.sleep(settle)
-                again, info_read = snapshot(t, unit, address, port, gen_timeout, since, time.monotonic() - start)
+                # The host looked again `settle` s after the first answer, in the same round trip.
+                again = settled
+                if again is None:  # the answer was cut short: look again from here
+                    time.sleep(settle)
+                    again, info_read, _ = snapshot(t, unit, address, port, gen_timeout, since, time.monotonic() - start)
                 verdict = R.judge(baseline, again, float("inf"), True)
                 if verdict.outcome != R.READY:
                     verdict = R.Verdict(R.UNHEALTHY if verdict.outcome is None else verdict.outcome, "generating",

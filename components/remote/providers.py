@@ -428,14 +428,6 @@ class ServiceProvider(ResourceProvider):
         blocks = list(shown.values())
         return {u: (shown.get(u) or (blocks[i] if i < len(blocks) else {})) for i, u in enumerate(units)}
 
-    def _foreign_listener(self, t: ssh.Target, port: int, ours: list[str]) -> Optional[str]:
-        """A process that holds the serving port and is not one of our strategy units."""
-        out = ssh.run(t, ["ss", "-Hltnp", f"sport = :{port}"], purpose=f"checking who listens on port {port}", timeout=30,
-                      check=False, read=True).stdout
-        cgroups = {pid: ssh.run(t, ["cat", f"/proc/{pid}/cgroup"], purpose="reading a listener's cgroup", timeout=30,
-                                check=False, read=True).stdout for pid in switch.listener_pids(out)}
-        return switch.foreign_listener(out, cgroups, ours)
-
     def _start(self, props: dict, restart: bool) -> dict:
         t = _require_target(props)
         unit = props["unit"]
@@ -469,17 +461,19 @@ class ServiceProvider(ResourceProvider):
             raise DeployError(f"the roll stopped at {who.strip().rstrip(':') or t.label}: the hosts after it keep serving "
                               f"their strategy.\n{exc}") from None
 
-    def _managed(self, t: ssh.Target, unit: str) -> dict[str, dict[str, str]]:
-        """The gpu-serving units the host has and their state, `unit` first (switch.py)."""
-        out = ssh.run(t, ["sh", "-c", switch.MANAGED_UNITS_SCRIPT, "sh", unit], purpose="listing the gpu-serving units",
+    def _managed(self, t: ssh.Target, unit: str, port: int) -> tuple[dict[str, dict[str, str]], Optional[str]]:
+        """The gpu-serving units the host has and their state, `unit` first, and a process that
+        holds the serving port and is none of them (switch.py), in one round trip."""
+        out = ssh.run(t, ["sh", "-c", switch.MANAGED_UNITS_SCRIPT, "sh", unit, str(port)], purpose="listing the gpu-serving units",
                       timeout=60, read=True)
         units = switch.parse_managed_units(out.stdout)
-        return units if unit in units else {unit: {}, **units}
+        units = units if unit in units else {unit: {}, **units}
+        ss_out, cgroups = switch.parse_listeners(out.stdout)
+        return units, switch.foreign_listener(ss_out, cgroups, list(units))
 
     def _switch(self, t: ssh.Target, props: dict, unit: str, restart: bool) -> dict:
         """Observe the host, plan (switch.py decides), then run the plan's steps in order."""
-        units = self._managed(t, unit)
-        holder = self._foreign_listener(t, int(props["port"]), list(units))
+        units, holder = self._managed(t, unit, int(props["port"]))
         plan = switch.plan(unit, units, restart=restart, active=props.get("active", True),
                            enabled=props.get("enabled", True), port_holder=holder, port=int(props["port"]), host=t.label)
         if plan.refused:
@@ -487,19 +481,22 @@ class ServiceProvider(ResourceProvider):
         if plan.progress:
             _progress(f"{_who(props)}{unit}: {plan.progress}")
         report = None
-        for step in plan.steps:
-            if step.action in ("start", "restart"):
-                # One round trip: host clock, crash-loop counter reset, start, the unit's state after it.
-                since, baseline = probe.start(t, unit, step.action)
-                report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
-                                          settings=props.get("readiness") or {}, since=since, baseline=baseline,
-                                          progress=lambda m: _progress(_who(props) + m))
-                if report.status != R.READY:
-                    self._fail(t, props, report, plan, since)
-            else:
-                self._do(t, step, unit)
+        after = plan.steps
+        if plan.starts:
+            # The steps before the start (daemon-reload, then the stop of what serves) and the start
+            # in one round trip: the GPUs are idle only from the stop to the new server's start.
+            at = plan.steps.index(plan.starts)
+            since, baseline = probe.start(t, unit, plan.starts.action, before=plan.steps[:at])
+            report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
+                                      settings=props.get("readiness") or {}, since=since, baseline=baseline,
+                                      progress=lambda m: _progress(_who(props) + m))
+            if report.status != R.READY:
+                self._fail(t, props, report, plan, since)
+            after = plan.steps[at + 1:]
+        # The rest (enable it, disable the others) and the read of what it runs now: one round trip.
+        live = probe.run_steps(t, unit, after)
         _take_replaced(t)  # kept: nothing to put back
-        return self._outs(t, props, plan.previous, report.as_dict() if report else None)
+        return self._outs(props, plan.previous, report.as_dict() if report else None, live)
 
     def _do(self, t: ssh.Target, step: switch.Step, unit: str, check: bool = True) -> None:
         """One systemctl step of a plan (switch.ACTIONS); start, restart and restore-files are the
@@ -584,11 +581,16 @@ class ServiceProvider(ResourceProvider):
     def _unlock(self, chan) -> None:
         host_unlock(chan)
 
-    def _outs(self, t, props, previous, report) -> dict:
-        state = self._show(t, [props["unit"]])[props["unit"]]
+    def _outs(self, props, previous, report, live: str) -> dict:
+        """The outputs of a switch from `live` (SERVICE_SCRIPT's answer, read after its last step)."""
+        head, sections = self._split_read(live)
+        state = self._states(head, [props["unit"]])[props["unit"]]
+        active = props.get("active", True)
         return {**props, "previous": previous, "readinessReport": report,
-                "active": state.get("ActiveState") == "active" if props.get("active", True) else False,
-                "enabled": state.get("UnitFileState") == "enabled"}
+                "active": state.get("ActiveState") == "active" if active else False,
+                "enabled": state.get("UnitFileState") == "enabled",
+                "runningServer": self._running(props, state, sections) if active and state.get("LoadState") != "not-found"
+                else R.NOT_RUNNING}
 
     def check(self, olds, news):
         self._preview_switch(olds, news)
@@ -628,7 +630,7 @@ class ServiceProvider(ResourceProvider):
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(props, exc) from None
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
-                            outs={**outs, "runningServer": self._running_now(props), "readinessReport": self._last_check(outs)})
+                            outs={**outs, "readinessReport": self._last_check(outs)})
 
     def update(self, id, olds, news):
         # Restart when the declaration changed, or when the running process was started from
@@ -643,8 +645,7 @@ class ServiceProvider(ResourceProvider):
             outs = self._after_failed_rollback(news, exc)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(news, exc) from None
-        return UpdateResult(outs={**outs, "runningServer": self._running_now(news),
-                                  "readinessReport": self._last_check(outs, olds)})
+        return UpdateResult(outs={**outs, "readinessReport": self._last_check(outs, olds)})
 
     @staticmethod
     def _after_failed_rollback(props: dict, exc: RollbackFailed) -> dict:

@@ -224,6 +224,9 @@ def _fingerprint(key: paramiko.PKey) -> str:
 _clients: dict[tuple, paramiko.SSHClient] = {}
 _failures: dict[tuple, tuple[float, RemoteError]] = {}
 _lock = threading.Lock()
+# One lock per host for opening its connection: a fleet's hosts connect at the same time (under
+# `_lock` alone, each waited for the handshakes of the hosts before it: issue 18).
+_connecting: dict[tuple, threading.Lock] = {}
 _local = threading.local()
 # Counts connections opened by this process (the benchmarks read sshd's logs for the truth).
 opened_connections = 0
@@ -291,22 +294,30 @@ def client(t: Target) -> paramiko.SSHClient:
                               "switch lock) went with it, so nothing more was done. Run `pulumi up` again to converge.")
         return c
     with _lock:
-        c = _clients.get(t.key)
+        # paramiko loads on its first attribute access (LazyLoader), which Python 3.11 does not
+        # make safe for several threads at once: load it here, before the hosts connect in parallel.
+        paramiko.Transport  # noqa: B018
+        connecting = _connecting.setdefault(t.key, threading.Lock())
+    with connecting:
+        with _lock:
+            c = _clients.get(t.key)
+            failed = _failures.get(t.key)
         if c is not None:
             tr = c.get_transport()
             if tr is not None and tr.is_active():
                 return c
             c.close()
-        failed = _failures.get(t.key)
         if failed and time.monotonic() - failed[0] < FAILURE_MEMORY:
             raise copy.copy(failed[1])  # the same kind of error: a changed host key stays one
         try:
             c = _connect(t)
         except RemoteError as exc:
-            _failures[t.key] = (time.monotonic(), exc)
+            with _lock:
+                _failures[t.key] = (time.monotonic(), exc)
             raise
-        _failures.pop(t.key, None)
-        _clients[t.key] = c
+        with _lock:
+            _failures.pop(t.key, None)
+            _clients[t.key] = c
         return c
 
 

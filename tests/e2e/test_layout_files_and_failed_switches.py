@@ -7,10 +7,12 @@ that cannot serve says so instead of "Rolled back"."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from pulumi import automation as auto
 
+from ..hardening_support import HostRecord, install_command_log
 from .conftest import FAST_ENV, FAST_READINESS
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
@@ -62,13 +64,52 @@ def test_adding_and_removing_a_layout_file_never_restarts_the_serving_model(depl
     assert d.sh(f"cat /etc/systemd/system/{UNIT.format('tp8')}") == unit_text
 
 
+def systemd_jobs(d, since: float) -> list[tuple[float, str, str]]:
+    """(time, start|stop, unit) of systemd's own journal lines about jobs of the strategy units
+    since `since`, in order."""
+    out = d.sh(f"journalctl _PID=1 --since @{since:.3f} -o json --no-pager")
+    events = []
+    for line in out.splitlines():
+        e = json.loads(line)
+        message, when = str(e.get("MESSAGE", "")), int(e["__REALTIME_TIMESTAMP"]) / 1e6
+        if e.get("UNIT", "").startswith("sglang-"):
+            kind = e.get("JOB_TYPE") or ("stop" if message.startswith("Stopping") else
+                                         "start" if message.startswith(("Starting", "Started")) else "")
+            if kind:
+                events.append((when, kind, e["UNIT"]))
+    return events
+
+
 def test_a_switch_still_stops_the_serving_strategy_and_only_one_is_enabled(deployment):
     d = deployment
+    install_command_log(d.host)
+    record = HostRecord(d.host)
+    since = float(d.sh("date +%s.%N"))
     result = d.stack("ep8").up(on_output=print)
     assert result.outputs["readiness"].value["status"] == "ready"
     assert running_and_enabled(d, ["tp8", "ep8"]) == (["ep8"], ["ep8"])
     # The stop of tp8 finished before ep8 started (no crash on a port still held).
     assert d.sh(f"systemctl show -p NRestarts --value {UNIT.format('ep8')}").strip() == "0"
+    # Everything that can be staged happened before tp8 stopped: ep8's unit file written, and the
+    # command that stops tp8 then starts ep8. From the stop to ep8's start nothing else of ours began on the host (issue 18:
+    # the downtime a switch adds).
+    jobs = systemd_jobs(d, since)
+    stop = min(t for t, what, unit in jobs if what == "stop" and unit == UNIT.format("tp8"))
+    start = min(t for t, what, unit in jobs if what == "start" and unit == UNIT.format("ep8"))
+    assert stop < start
+    commands = [(t, shlex.split(c)) for t, c in record.timed_commands() if t >= since]
+    switching = [(t, argv) for t, argv in commands if f"stop:{UNIT.format('tp8')}" in argv]
+    assert len(switching) == 1, switching
+    began, argv = switching[0]
+    # The plan's steps before the start ride in its command: a daemon-reload when systemd's copy of
+    # ep8 is stale (here systemd loaded the new file when the switch read it), then the stop.
+    steps = [w for w in argv[6:] if w != "</dev/null"]
+    assert began < stop and argv[3:6] == ["sh", "start", UNIT.format("ep8")], argv[3:]
+    assert steps[-1] == f"stop:{UNIT.format('tp8')}" and set(steps[:-1]) <= {"daemon-reload:"}, steps
+    written = float(d.sh(f"stat -c %.9Y /etc/systemd/system/{UNIT.format('ep8')}"))
+    assert since < written < began
+    between = [" ".join(argv)[:80] for t, argv in commands if stop <= t <= start]
+    assert between == [], between
 
 
 def test_a_failing_stack_sharing_the_environment_file_leaves_the_previous_strategy_serving_its_own_environment(deployment):
