@@ -269,6 +269,29 @@ def test_runner_defers_the_automation_api_until_used(tmp_path):
     assert out["runner"]["qualified"] == "org/proj/stack" and out["runner"]["module"] == "module"
 
 
+LAZY_PROBE = """\
+import importlib.util, sys
+spec = importlib.util.find_spec("heavy")
+spec.loader = importlib.util.LazyLoader(spec.loader)
+module = importlib.util.module_from_spec(spec)
+sys.modules["heavy"] = module
+spec.loader.exec_module(module)  # loaded on its first attribute access, which never comes
+"""
+
+
+def test_runner_exit_does_not_load_a_lazily_loaded_module(tmp_path):
+    """The runner's exit flushes every open file, found by walking the objects: that walk must
+    not touch a LazyLoader module (the program's paramiko), or it imports it at exit."""
+    marker = tmp_path / "loaded"
+    (tmp_path / "heavy.py").write_text(f"open({str(marker)!r}, 'w').write('loaded')\n")
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY_PROBE)
+    proc = subprocess.run([sys.executable, str(RUNNER), "--script", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
+
+
 def test_runner_unusual_exits_are_pythons(tmp_path):
     script = tmp_path / "exits.py"
     for body, want_rc, want_err in (("raise SystemExit('bye')", 1, "bye"),
