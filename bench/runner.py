@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -31,10 +32,10 @@ from pathlib import Path
 from . import downtime
 from . import hosts as H
 from . import stats
-from . import tools
+from . import tools, trace
 from .router import RouterScenario
-from .tools import Ansible, GpuServing, Pyinfra, RawSsh, Tool, ToolFailed
-from .workspace import BENCH, PROGRAM, REPO, cache_root, ensure_bench_venv, log, make_project
+from .tools import Ansible, EmptyPulumi, GpuServing, Pyinfra, RawSsh, Tool, ToolFailed
+from .workspace import BENCH, PROGRAM, REPO, cache_root, ensure_bench_venv, log, make_empty_project, make_project
 
 RESULTS = BENCH / "results"
 STACKS = ("tp8", "ep8", "pp8")
@@ -62,6 +63,7 @@ class Bench:
         self.work = Path(args.work)
         self.samples: dict = {"single": {}, "fleet": {}}
         self.variants: dict = {}
+        self.split: dict = {}
         self.flakes: list[str] = []
         self.first_deploy = None
         # Only the router scenario: none of the per-tool setup (peers, first deploys, warm-ups).
@@ -94,7 +96,9 @@ class Bench:
                 self.work, "", self.args.program_ref, tuple(self.args.program_paths or PROGRAM),
                 fleet=[h.name for h in self.hosts[:n]], load_seconds=load)
             for n in self.args.fleet if n > 1}
-        all_tools: list[Tool] = [GpuServing(self.projects, fleets=self.fleets), Ansible(venv, self.work, self.plans),
+        self.empty = make_empty_project(self.work) if "empty-pulumi" in self.args.tools else None
+        all_tools: list[Tool] = [GpuServing(self.projects, fleets=self.fleets),
+                                 *([EmptyPulumi(self.empty)] if self.empty else []), Ansible(venv, self.work, self.plans),
                                  Pyinfra(venv, self.work, self.plans), RawSsh(self.work, self.plans)]
         self.tools = [t for t in all_tools if t.name in self.args.tools]
         self.gs_skip = GpuServing(self.projects, ("--skip-preview",), self.fleets) if "gpu-serving" in self.args.tools else None
@@ -118,6 +122,8 @@ class Bench:
         self.verify(TO, self.hosts, "gpu-serving setup")
         # Every tool converges once untimed (warm caches, and proof it leaves the same state).
         for tool in self.tools:
+            if "switch" not in tool.scenarios:
+                continue
             for stack in (FROM, TO):
                 self.reset_limits(self.hosts)
                 tool.converge(stack, self.hosts)
@@ -195,6 +201,7 @@ class Bench:
         H.parallel(hosts, lambda h: H.serve(h, self.plans[FROM]["unit_name"], self.plans[FROM]["port"], units))
 
     def run_scenario(self, scenario: str, hosts: list[H.Host], tools: list[Tool]) -> dict[str, list[dict]]:
+        tools = [t for t in tools if scenario in t.scenarios and (len(hosts) == 1 or t.name != "empty-pulumi")]
         out: dict[str, list[dict]] = {t.name: [] for t in tools}
         n = len(hosts)
         for rep in range(self.args.repeat):
@@ -218,10 +225,12 @@ class Bench:
                 if scenario in self.args.scenarios:
                     v = self.run_scenario(scenario, one, [self.gs_skip])
                     self.variants[f"{scenario}: pulumi up --yes --skip-preview"] = v[self.gs_skip.name]
+        if self.args.split:
+            self.run_split(one)
         for scenario in stats.FLEET_SCENARIOS:
             if scenario not in self.args.scenarios:
                 continue
-            by_n = {1: self.samples["single"][scenario]}
+            by_n = {1: {t: v for t, v in self.samples["single"][scenario].items() if t != "empty-pulumi"}}
             for n in self.args.fleet:
                 if n > 1:
                     by_n[n] = self.run_scenario(scenario, self.hosts[:n], self.tools)
@@ -236,6 +245,27 @@ class Bench:
         if self.projects:
             return next(iter(self.projects.values())).env
         return self.router.env
+
+    def run_split(self, hosts: list[H.Host]) -> None:
+        """Traced runs (`-v=9`: not timed runs, the log costs time) of gpu-serving's no-op and
+        drift check and of the empty program's, alternating, split into phases by bench/trace.py."""
+        gs = next((t for t in self.tools if t.name == "gpu-serving"), None)
+        runs = [(t.name, t.project if t.name == "empty-pulumi" else self.projects[hosts[0].name], t)
+                for t in (gs, *(t for t in self.tools if t.name == "empty-pulumi")) if t is not None]
+        for scenario in ("noop", "drift"):
+            if scenario not in self.args.scenarios:
+                continue
+            what = "converge" if scenario == "noop" else "check"
+            self.split[scenario] = {name: [] for name, _, _ in runs}
+            for rep in range(self.args.split):
+                for name, project, tool in runs:
+                    args = tool.args(what) if name == "empty-pulumi" else tool.args(what, TO)
+                    started, ended, text = tools.traced(project, args)
+                    s = trace.split(text.splitlines(), started, ended)
+                    self.split[scenario][name].append(s)
+                    log(f"split  {scenario:6} {name:12} run {rep + 1}/{self.args.split}: " +
+                        ", ".join(f"{k} {v:.2f}" for k, v in s.items() if isinstance(v, float)))
+            self.verify(TO, hosts, "the traced runs")
 
     def teardown(self) -> None:
         if self.args.keep_hosts:
@@ -285,6 +315,13 @@ def machine_info(env: dict) -> dict:
     }
 
 
+def _host_prefix(text: str) -> str:
+    # A rehearsal host name is [a-z][a-z0-9-]{0,10}; a digit goes after the prefix.
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,9}", text):
+        raise argparse.ArgumentTypeError(f"--host-prefix {text!r}: 1-10 characters of a-z, 0-9, '-', starting with a letter (e.g. bench)")
+    return text
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 runs each, fleet of 1 and 2 hosts (a few minutes)")
@@ -296,11 +333,14 @@ def parse_args(argv=None):
     p.add_argument("--scenarios", type=lambda s: s.split(","), default=list(stats.SCENARIOS),
                    help=f"comma-separated subset of {','.join(stats.SCENARIOS)}")
     p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")
+    p.add_argument("--split", type=int, default=None,
+                   help="traced runs (-v=9) of gpu-serving's and the empty program's no-op and drift check, split into "
+                        "phases (default 3, --quick 2; 0: none)")
     p.add_argument("--reuse-hosts", action="store_true", help="keep what bench0.. have (default: fresh hosts)")
     p.add_argument("--keep-hosts", action="store_true", help="leave the rehearsal hosts (bench0..) running")
-    p.add_argument("--host-prefix", default="bench",
-                   help="the rehearsal hosts' names: PREFIX0, PREFIX1, ... (default bench; another for a second run beside it)")
-    p.add_argument("--work", default=str(cache_root() / "bench-work"), help="scratch directory (removed at the end)")
+    p.add_argument("--host-prefix", default="bench", type=_host_prefix,
+                   help="rehearsal host names PREFIX0.. (default bench: bench0..); another prefix lets two runs share the machine")
+    p.add_argument("--work", help="scratch directory, removed at the end (default: bench-work, or bench-work-PREFIX, in the cache)")
     p.add_argument("--out", default=str(RESULTS), help="where the results JSON goes (default bench/results)")
     p.add_argument("--program-ref", help="benchmark the program (components/, Pulumi*.yaml) as of this git commit")
     p.add_argument("--program-paths", type=lambda s: s.split(","),
@@ -311,11 +351,14 @@ def parse_args(argv=None):
     p.add_argument("--load-seconds", type=float, default=0,
                    help="the rehearsal engine loads for this long (REHEARSAL_LOAD_SECONDS; default 0: the tool is timed); "
                         "the downtime rows (a), (b), (c) are measured on every gpu-serving switch")
-    p.add_argument("--host-prefix", default="bench", help="rehearsal host names: PREFIX0.. (default bench)")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. 'before optimisations')")
     args = p.parse_args(argv)
+    if args.work is None:
+        args.work = str(cache_root() / ("bench-work" if args.host_prefix == "bench" else f"bench-work-{args.host_prefix}"))
     if args.repeat is None:
         args.repeat = 2 if args.quick else 4
+    if args.split is None:
+        args.split = 2 if args.quick else 3
     if args.fleet is None:
         args.fleet = [1, 2] if args.quick else [1, 2, 4]
     if args.gpu_serving_fleet is None:
@@ -363,6 +406,7 @@ def main(argv=None) -> int:
                    "quick": args.quick, "note": args.note, "load_seconds": args.load_seconds},
         "samples": bench.samples,
         "variants": bench.variants,
+        "split": bench.split,
         "flakes": bench.flakes,
         "first_deploy_seconds": bench.first_deploy,
     }

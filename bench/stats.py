@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable, Optional
 
-TOOLS = ("gpu-serving", "ansible", "pyinfra", "raw-ssh")
+TOOLS = ("gpu-serving", "empty-pulumi", "ansible", "pyinfra", "raw-ssh")
 BASELINE = "raw-ssh"
 OURS = "gpu-serving"
 SCENARIOS = ("noop", "drift", "switch", "router")
@@ -194,6 +194,10 @@ def report(results: dict) -> str:
             out.append(f"### {TITLES[scenario]} (1 host)\n")
             out.append(scenario_table(summaries["single"][scenario]))
             out.append("")
+    if results.get("split"):
+        out.append("### where the time goes: medians of traced runs (`-v=9` engine log, bench/trace.py), seconds\n")
+        out.append(split_table(results["split"]))
+        out.append("")
     for scenario in FLEET_SCENARIOS:
         fleet = summaries.get("fleet", {}).get(scenario)
         if fleet:
@@ -229,6 +233,33 @@ def downtime_table(by_hosts: dict[int, dict[str, Optional[dict]]]) -> str:
                      _f(d.get("ready_to_return")), _num(d.get("idle_sessions")), _f(d.get("idle_seconds"))])
     return table(["hosts", "runs", "switch s", "(a) old last generation -> new start s",
                   "(b) new first generation -> up returned s", "(c) ssh sessions while idle", "GPUs idle s"], rows) if rows else ""
+
+
+SPLIT_COMMANDS = {"noop": "`pulumi up --yes`", "drift": "`pulumi preview --refresh --expect-no-changes`"}
+
+
+def summarize_split(splits: list[dict]) -> Optional[dict]:
+    """The median of each phase (and of the total) over traced runs of one command."""
+    if not splits:
+        return None
+    keys = [k for k in splits[0] if isinstance(splits[0][k], (int, float))]
+    return {k: statistics.median(s[k] for s in splits) for k in keys} | {"n": len(splits)}
+
+
+def split_table(split: dict) -> str:
+    """{scenario: {tool: [trace.split() dicts]}} -> one row per command and tool, the phases'
+    medians in seconds."""
+    from .trace import PHASE_TITLES, PHASES
+    phases = [*PHASES, "engine"]
+    rows = []
+    for scenario, by_tool in split.items():
+        for tool in _order(by_tool):
+            m = summarize_split(by_tool[tool])
+            if not m:
+                continue
+            rows.append([f"{tool} {SPLIT_COMMANDS.get(scenario, scenario)}", _f(m["total"]), _num(m["program_runs"]), str(m["n"]),
+                         *(_f(m[p]) for p in phases)])
+    return table(["command", "total s", "program runs", "traced runs", *(PHASE_TITLES[p] for p in phases)], rows)
 
 
 def summarize_results(samples: dict) -> dict:

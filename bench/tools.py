@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -63,6 +64,7 @@ def _parallel(procs: list[tuple[list[str], dict]], timeout: float = 900) -> list
 
 class Tool:
     name = "?"
+    scenarios: tuple[str, ...] = ("noop", "drift", "switch")
 
     def converge(self, stack: str, hosts: list[Host]) -> None:
         raise NotImplementedError
@@ -104,15 +106,54 @@ class GpuServing(Tool):
         return results
 
     def converge(self, stack, hosts):
-        self._each(hosts, ["up", "--stack", stack, "--yes", *self.up_args])
+        self._each(hosts, self.args("converge", stack))
+
+    def args(self, what: str, stack: str) -> list[str]:
+        return (["up", "--stack", stack, "--yes", *self.up_args] if what == "converge"
+                else ["preview", "--stack", stack, "--refresh", "--expect-no-changes"])
 
     def check(self, stack, hosts):
-        results = self._each(hosts, ["preview", "--stack", stack, "--refresh", "--expect-no-changes"], ok=(0, 255))
+        results = self._each(hosts, self.args("check", stack), ok=(0, 255))
         # 255 with "no changes were expected" is drift; any other error is a failure
         for r in results:
             if r.returncode and "no changes were expected" not in r.stdout.lower():
                 raise ToolFailed(f"gpu-serving drift check failed:\n{r.stdout[-3000:]}")
         return any(r.returncode for r in results)
+
+
+def traced(project: Project, args: list[str]) -> tuple[float, float, str]:
+    """(start, end, the engine's log) of `pulumi ARGS -v=9 --logtostderr --logflow`: the log
+    bench/trace.py splits into phases. Not a timed run (the log costs time itself)."""
+    started = time.time()
+    proc = subprocess.run(["pulumi", *args, "-v=9", "--logtostderr", "--logflow"], cwd=project.dir, env=project.env,
+                          text=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=900)
+    ended = time.time()
+    if proc.returncode:
+        raise ToolFailed(f"pulumi {' '.join(args)} (traced) exited {proc.returncode}:\n{excerpt(proc.stderr)}")
+    return started, ended, proc.stderr
+
+
+class EmptyPulumi(Tool):
+    """The floor of every Pulumi command: the same commands as gpu-serving's (`pulumi up --yes`,
+    `pulumi preview --refresh --expect-no-changes`) on a program that declares nothing, with the
+    same CLI, language host, venv and `refresh: always`. It touches no host."""
+
+    name = "empty-pulumi"
+    scenarios = ("noop", "drift")
+
+    def __init__(self, project: Project):
+        self.project = project
+
+    def args(self, what: str) -> list[str]:
+        return (["up", "--stack", "floor", "--yes"] if what == "converge"
+                else ["preview", "--stack", "floor", "--refresh", "--expect-no-changes"])
+
+    def converge(self, stack, hosts):
+        _run(["pulumi", *self.args("converge")], cwd=self.project.dir, env=self.project.env)
+
+    def check(self, stack, hosts):
+        r = _run(["pulumi", *self.args("check")], cwd=self.project.dir, env=self.project.env, ok=(0, 255))
+        return bool(r.returncode)
 
 
 # ---------------------------------------------------------------------------------------------

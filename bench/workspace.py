@@ -87,6 +87,30 @@ def engine_env(home: Path, backend: Path) -> dict:
 PROGRAM = ("components", "__main__.py", "Pulumi.yaml", "Pulumi.tp8.yaml", "Pulumi.ep8.yaml", "Pulumi.pp8.yaml")
 
 
+EMPTY_PROGRAM = "# The engine's floor: a Pulumi program that declares nothing (bench/workspace.py).\n"
+
+
+def make_empty_project(work: Path) -> Project:
+    """work/empty-pulumi/project: a Python Pulumi program with no resources, run by the same CLI,
+    language host, venv and project options (`refresh: always`) as gpu-serving's: what any
+    `pulumi up` or `preview` costs before a program does anything."""
+    root = work / "empty-pulumi"
+    project = root / "project"
+    if project.exists():
+        shutil.rmtree(project)
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    project.mkdir(parents=True)
+    ours = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
+    doc = {"name": "empty-pulumi", "runtime": ours["runtime"], "options": ours.get("options", {})}
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (project / "__main__.py").write_text(EMPTY_PROGRAM)
+    (project / ".venv").symlink_to(REPO / ".venv")
+    p = Project("empty-pulumi", project, engine_env(root / "pulumi-home", root / "state"))
+    p.pulumi("stack", "select", "--create", "floor")
+    p.pulumi("up", "--stack", "floor", "--yes")
+    return p
+
+
 def make_project(work: Path, host: str, ref: str | None = None, paths: tuple[str, ...] = PROGRAM,
                  fleet: list[str] | None = None, label: str = "", load_seconds: float = 0) -> Project:
     """work/<host>/project: the repository's program (the work tree's, or with `paths` as they

@@ -239,6 +239,59 @@ def test_runner_module_mode_matches_dash_m(tmp_path):
     assert fast == plain
 
 
+DEFERRED_PROBE = """\
+import json, sys
+import pulumi
+loaded_after_import = sorted(m for m in sys.modules if m.startswith("pulumi.automation."))
+from pulumi.automation import fully_qualified_stack_name
+import pulumi.automation as auto
+print(json.dumps({"loaded_after_import": loaded_after_import,
+                  "qualified": fully_qualified_stack_name("org", "proj", "stack"),
+                  "workspace": auto.LocalWorkspace.__name__, "same": pulumi.automation.LocalWorkspace is auto.LocalWorkspace,
+                  "module": type(sys.modules["pulumi.automation"]).__name__}))
+"""
+
+
+def test_runner_defers_the_automation_api_until_used(tmp_path):
+    """`import pulumi` under the runner does not import the Automation API (neither the program
+    nor the dynamic provider uses it: issue 18's start-up cut); the first use imports it, and
+    then it is the real module, as under plain python."""
+    script = tmp_path / "deferred.py"
+    script.write_text(DEFERRED_PROBE)
+    out = {}
+    for how, argv in (("plain", [sys.executable, str(script)]), ("runner", [sys.executable, str(RUNNER), "--script", str(script)])):
+        proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        out[how] = json.loads(proc.stdout)
+    assert out["plain"]["loaded_after_import"], "plain python imports pulumi.automation's modules with pulumi"
+    assert out["runner"]["loaded_after_import"] == []
+    assert out["runner"] == dict(out["plain"], loaded_after_import=[])
+    assert out["runner"]["qualified"] == "org/proj/stack" and out["runner"]["module"] == "module"
+
+
+LAZY_PROBE = """\
+import importlib.util, sys
+spec = importlib.util.find_spec("heavy")
+spec.loader = importlib.util.LazyLoader(spec.loader)
+module = importlib.util.module_from_spec(spec)
+sys.modules["heavy"] = module
+spec.loader.exec_module(module)  # loaded on its first attribute access, which never comes
+"""
+
+
+def test_runner_exit_does_not_load_a_lazily_loaded_module(tmp_path):
+    """The runner's exit flushes every open file, found by walking the objects: that walk must
+    not touch a LazyLoader module (the program's paramiko), or it imports it at exit."""
+    marker = tmp_path / "loaded"
+    (tmp_path / "heavy.py").write_text(f"open({str(marker)!r}, 'w').write('loaded')\n")
+    script = tmp_path / "lazy.py"
+    script.write_text(LAZY_PROBE)
+    proc = subprocess.run([sys.executable, str(RUNNER), "--script", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert not marker.exists()
+
+
 def test_runner_unusual_exits_are_pythons(tmp_path):
     script = tmp_path / "exits.py"
     for body, want_rc, want_err in (("raise SystemExit('bye')", 1, "bye"),

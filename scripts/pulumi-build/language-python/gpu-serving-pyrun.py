@@ -35,9 +35,11 @@ def _gs_pyrun(argv):
 
     exit_status, finish, _gs_widen_pools = _gs_exit_status, _gs_finish, _gs_widen
     _gs_exit_with_parent()
+    _gs_defer(DEFERRED)
     main_globals = sys.modules["__main__"].__dict__
     # The program runs in __main__'s namespace, as it would: leave none of ours there.
-    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen", "_gs_exit_with_parent"):
+    for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen", "_gs_exit_with_parent", "_gs_defer",
+                 "DEFERRED"):
         main_globals.pop(name, None)
 
     if len(argv) >= 3 and argv[1] == "--min-pool-threads":
@@ -76,6 +78,50 @@ def _gs_pyrun(argv):
     else:
         status = 0
     finish(status)
+
+
+# Modules `import pulumi` loads that neither a program nor a dynamic provider uses: the Automation
+# API (pulumi/__init__.py imports it for `pulumi.automation.*`), 45 ms of the SDK's ~0.33 s import
+# on this project's machines, in both processes of every program run (docs/benchmarks.md, issue 18).
+DEFERRED = ("pulumi.automation",)
+
+
+def _gs_defer(names):
+    """Put a stand-in for each module `names` (a subpackage of a top-level package) in sys.modules:
+    an import of it binds the stand-in, and the first use of one of its attributes imports the
+    real module, which then replaces the stand-in everywhere the import system put it. Not
+    importlib's LazyLoader: the import system reads a module's __spec__ on every import, and that
+    read alone makes a LazyLoader module load. A package that is not installed, or not where its
+    parent says, is left alone (its import then behaves as always)."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+    import types
+
+    class Deferred(types.ModuleType):
+        def __getattr__(self, attr):
+            name = self.__name__
+            if sys.modules.get(name) is self:
+                del sys.modules[name]
+            real = importlib.import_module(name)  # also rebinds it on its parent package
+            self.__dict__.update({k: v for k, v in real.__dict__.items() if k != "__class__"})
+            return getattr(real, attr)
+
+    for name in names:
+        top, _, sub = name.partition(".")
+        if name in sys.modules or not sub or "." in sub:
+            continue
+        parent = importlib.util.find_spec(top)  # a top-level name: found, not imported
+        for base in (parent.submodule_search_locations or ()) if parent else ():
+            init = os.path.join(base, sub, "__init__.py")
+            if os.path.isfile(init):
+                stand_in = Deferred(name)
+                stand_in.__spec__ = importlib.util.spec_from_file_location(
+                    name, init, submodule_search_locations=[os.path.join(base, sub)])
+                stand_in.__file__, stand_in.__path__, stand_in.__package__ = init, [os.path.join(base, sub)], name
+                sys.modules[name] = stand_in
+                break
 
 
 def _gs_exit_with_parent():
@@ -172,10 +218,13 @@ def _gs_finish(status):
     except KeyboardInterrupt:
         pass
     atexit._run_exitfuncs()
+    file_base = _io._IOBase
     for obj in gc.get_objects():
         # _io._IOBase (not the io.IOBase ABC, whose isinstance check is ~4x slower): every built-in
-        # and user-defined file object derives from it.
-        if isinstance(obj, _io._IOBase):
+        # and user-defined file object derives from it. type(), not isinstance(): isinstance also
+        # reads obj.__class__, and that read makes a lazily loaded module (importlib's LazyLoader:
+        # the program's paramiko) import itself, ~0.1 s of the program's exit (docs/benchmarks.md).
+        if issubclass(type(obj), file_base):
             try:
                 if not obj.closed:
                     obj.flush()
