@@ -110,7 +110,8 @@ def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
 
 def _status(args) -> int:
     """Exit 0: the serving stack's files (and its process's command line) are as declared, or
-    nothing serves; 1: they drifted; 2: bad settings, or a host that could not be read."""
+    nothing serves (a rehearsal host that is not booted serves nothing); 1: they drifted; 2: bad
+    settings, or a host that could not be read."""
     # Here, not at the top: `plan` and `switch` never connect, and need not load the SSH side.
     from .core.status import render_status
     from .remote.status import project_status

@@ -150,3 +150,30 @@ def test_multi_node_plan_names_where_the_ranks_meet(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "the ranks meet at rank 0, rehearsal-plan-test-a:20000\n" in out.stdout
     assert "(rehearsal-plan-test-a stands in: the rehearsal host is not running" in out.stdout
+
+
+def run_status(*args):
+    return subprocess.run([sys.executable, "-m", "components", "status", *args], capture_output=True, text=True,
+                          cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+
+
+def test_status_of_a_rehearsal_host_that_is_not_booted_is_nothing_serves(tmp_path):
+    """A stack whose rehearsal hosts are not booted (never deployed, or torn down) serves nothing
+    there: status says so and exits 0; a real host it cannot read still makes it exit 2."""
+    write_project(tmp_path, MULTI_NODE.format(first="rehearsal: status-test-a"))
+    out = run_status("--project-dir", str(tmp_path), "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["unreachable"] == [] and doc["down"] == ["rehearsal:status-test-a", "rehearsal:plan-test-b"], doc
+    first = doc["hosts"][0]
+    assert "'status-test-a' is not running, so nothing serves there" in first["down"]
+    assert first["serving"] is None and first["stacks"][0]["state"] == "not on this host"
+    text = run_status("--project-dir", str(tmp_path)).stdout
+    assert "  down      the rehearsal host 'status-test-a' is not running" in text and "not read" not in text, text
+
+    # A real host without a pinned host key cannot be read: that is still exit 2, and named.
+    write_project(tmp_path, MULTI_NODE.format(first="address: 192.0.2.10"))
+    out = run_status("--project-dir", str(tmp_path))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "not read: 192.0.2.10:22;" in out.stdout and "not booted (nothing serves there): rehearsal:plan-test-b" \
+        in out.stdout, out.stdout

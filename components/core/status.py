@@ -307,7 +307,9 @@ def render_status(doc: dict[str, Any]) -> str:
             out.append(f"  error: {h['error']}")
             continue
         serving = h.get("serving")
-        if not serving:
+        if h.get("down"):
+            out.append(f"  down      {h['down']}")
+        elif not serving:
             out.append("  serving   nothing: no gpu-serving unit runs")
         else:
             out.append(f"  serving   {serving['unit']} (stack {serving['stack'] or 'unknown'}), "

@@ -25,6 +25,11 @@ class StatusError(Exception):
     """What keeps `status` from reaching a host; the message says what to do."""
 
 
+class RehearsalHostDown(StatusError):
+    """A rehearsal host that is not booted: nothing can serve on it, so there is nothing to read
+    and nothing wrong (unlike a real host that does not answer)."""
+
+
 # Secret settings that land in the environment file, by the variable they become.
 SECRET_VARIABLES = {"hfToken": "HF_TOKEN"}
 
@@ -58,8 +63,8 @@ def connection(settings, stack: str, project_dir: Path, checked: CheckedStack) -
     if h.is_rehearsal:
         info = ssh.rehearsal_info(h.rehearsal)
         if info is None:
-            raise StatusError(f"the rehearsal host {h.rehearsal!r} is not running: start it with "
-                              f"`python -m rehearsal up {h.rehearsal}`")
+            raise RehearsalHostDown(f"the rehearsal host {h.rehearsal!r} is not running, so nothing serves there"
+                                    f" (boot it: `python -m rehearsal up {h.rehearsal}`)")
         return {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
                 "privateKey": Path(info["private_key"]).read_text(), "hostKey": info["host_public_key"], **timeouts}
     if not h.host_key:
@@ -148,15 +153,23 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
         for (entry, plan), (_, settings) in zip(checked.plans, checked.settings.per_host()):
             key = settings.host.machine
             slot = hosts.setdefault(key, {"entry": entry, "target": settings.host.target, "stacks": [], "conn": None,
-                                          "error": None})
+                                          "error": None, "down": None})
             slot["stacks"].append((stack, plan, checked.secrets))
-            if slot["conn"] is None and slot["error"] is None:
+            if slot["conn"] is None and slot["error"] is None and slot["down"] is None:
                 try:
                     slot["conn"] = connection(settings, stack, project_dir, checked)
+                except RehearsalHostDown as exc:
+                    slot["down"] = str(exc)
                 except (StatusError, OSError) as exc:
                     slot["error"] = str(exc)
     docs = []
     for slot in hosts.values():
+        if slot["down"] is not None:
+            # Not booted: the stacks that name it are simply not deployed there (not "not read").
+            docs.append({"host": slot["target"], "entry": slot["entry"], "down": slot["down"], "serving": None,
+                         "stacks": [{"stack": stack, "unit": plan.unit.name, "state": "not on this host", "drift": [],
+                                     "serving": False} for stack, plan, _ in slot["stacks"]]})
+            continue
         if slot["conn"] is None:
             docs.append({"host": slot["target"], "entry": slot["entry"], "error": slot["error"], "stacks": []})
             continue
@@ -167,6 +180,9 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
     drift = [f"{d['host']}: {s['stack']}" for d in docs for s in d.get("stacks", []) if s["serving"] and s["drift"]]
     unreachable = [d["host"] for d in docs if d.get("error")]
     summary = ("drift on the serving stack: " + ", ".join(drift)) if drift else "the serving stack's files are as declared"
+    down = [d["host"] for d in docs if d.get("down")]
     if unreachable:
         summary += "; not read: " + ", ".join(unreachable)
-    return {"hosts": docs, "drift": bool(drift), "unreachable": unreachable, "summary": summary}
+    if down:
+        summary += "; not booted (nothing serves there): " + ", ".join(down)
+    return {"hosts": docs, "drift": bool(drift), "unreachable": unreachable, "down": down, "summary": summary}

@@ -94,7 +94,9 @@ def test_the_done_when_sequence_on_one_host(deployment):
     done = status(d, "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(done.stdout)
-    host, = doc["hosts"]
+    # The multi-node stack's rehearsal hosts are not booted here: nothing serves there, not an error.
+    host, = [h for h in doc["hosts"] if not h.get("down")]
+    assert doc["unreachable"] == [] and doc["down"] == [h["host"] for h in doc["hosts"] if h.get("down")]
     assert host["serving"]["unit"] == EP8 and host["serving"]["stack"] == "ep8", host
     assert host["serving"]["layout"]["ep_size"] == 8 and host["serving"]["uptime_seconds"] >= 0
     assert host["readiness"]["status"] == "ready" and host["readiness"]["layout"]["ep_size"] == 8
@@ -103,7 +105,7 @@ def test_the_done_when_sequence_on_one_host(deployment):
     assert stacks["pp8"]["state"] == "not on this host"
     text = status(d).stdout
     assert f"serving   {EP8} (stack ep8), tp 8 x pp 1 (ep 8, dp 1)" in text and "readiness ready" in text, text
-    assert len(text.splitlines()) <= 25, text
+    assert len(text.split("\nhost ")[0].splitlines()) <= 25, text
 
 
 def test_status_exits_non_zero_when_the_serving_stack_drifted(deployment):
