@@ -50,6 +50,12 @@ class RemoteFile(Resource, module=MODULE, name="RemoteFile"):
                          dynamic_options(opts, ["connection", "secretEnvironment"]))
 
 
+def _service_inputs(props: dict[str, Any]) -> dict[str, Any]:
+    """A service's declared inputs and the outputs its provider fills in (unknown until it runs)."""
+    return {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
+            "runningServer": AS_DECLARED, "previous": None, "readinessReport": None, "switchFailure": None}
+
+
 class Service(Resource, module=MODULE, name="SystemdService"):
     active: pulumi.Output[bool]
     # "as declared" when the main process runs the declared ExecStart and environment; after a
@@ -62,10 +68,7 @@ class Service(Resource, module=MODULE, name="SystemdService"):
     switchFailure: pulumi.Output[Optional[str]]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(providers.ServiceProvider(), name,
-                         {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
-                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None,
-                          "switchFailure": None},
+        super().__init__(providers.ServiceProvider(), name, _service_inputs(props),
                          dynamic_options(opts, ["connection", "router"]))
 
 
@@ -80,9 +83,7 @@ class MultiNodeService(Resource, module=MODULE, name="MultiNodeService"):
     switchFailure: pulumi.Output[Optional[str]]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
-        super().__init__(multinode.MultiNodeServiceProvider(), name,
-                         {**props, "active": props.get("active", True), "enabled": props.get("enabled", True),
-                          "runningServer": AS_DECLARED, "previous": None, "readinessReport": None, "switchFailure": None},
+        super().__init__(multinode.MultiNodeServiceProvider(), name, _service_inputs(props),
                          pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(
                              additional_secret_outputs=["connection", "ranks"])))
 

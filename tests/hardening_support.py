@@ -249,3 +249,43 @@ def wait_for(predicate, timeout: float, interval: float = 0.3, what: str = "cond
 
 
 SIGSTOP, SIGCONT = signal.SIGSTOP, signal.SIGCONT
+
+
+def ups_at_once(stacks: dict, outputs: dict[str, list[str]], join_seconds: float = 300) -> dict[str, tuple]:
+    """`up` of each stack (name -> automation Stack), all released together by a barrier; per name:
+    ("ok", its readiness output, when it finished) or ("error", the error's text, when it failed).
+    Each run's output lines go to outputs[name]."""
+    import threading
+
+    from pulumi import automation as auto
+
+    results: dict[str, tuple] = {}
+    barrier = threading.Barrier(len(stacks))
+
+    def up(name):
+        barrier.wait()
+        try:
+            r = stacks[name].up(on_output=outputs[name].append)
+            results[name] = ("ok", r.outputs["readiness"].value, time.monotonic())
+        except auto.CommandError as exc:
+            results[name] = ("error", str(exc), time.monotonic())
+    threads = [threading.Thread(target=up, args=(name,)) for name in stacks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(join_seconds)
+    return results
+
+
+def unit_states(d, strategies, unit: str) -> dict[str, str]:
+    """Each strategy's `systemctl is-active` on the deployment's host (`unit`: a format of the strategy)."""
+    out = d.sh("systemctl is-active " + " ".join(unit.format(s) for s in strategies) + "; true").split()
+    return dict(zip(strategies, out))
+
+
+def serving_one(d, strategies, unit: str) -> str:
+    """The one strategy whose unit is active (fails when none or several are)."""
+    states = unit_states(d, strategies, unit)
+    active = [s for s, state in states.items() if state == "active"]
+    assert len(active) == 1, states
+    return active[0]

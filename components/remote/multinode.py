@@ -29,7 +29,7 @@ from . import identity, probe, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
-from .providers import ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _named, _secrets, _take_replaced
+from .providers import ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _secrets, _take_replaced
 
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.
 REACH_SCRIPT = (
@@ -204,26 +204,30 @@ class MultiNodeServiceProvider(ServiceProvider):
         # What served before, started on every node first (a previous multi-node layout needs all
         # its ranks), then each judged.
         back = {i: next((s.units[0] for s in plan.on_failure if s.action == "start"), None) for i, plan in enumerate(plans)}
-        lines = []
+        lines: list[str] = []
+        failed: list[str] = []  # the lines that say a rollback failed (nothing serves there)
         begun: dict[int, tuple] = {}
         for i in sorted(back, key=lambda i: i == 0):
             if back[i]:
                 try:
                     begun[i] = probe.start(targets[i], back[i], "start")
                 except ssh.RemoteError as exc:
-                    lines.append(f"{nodes[i]['hostEntry']}: {ROLLBACK_FAILED} {back[i]} could not be started again ({exc}).")
+                    failed.append(f"{nodes[i]['hostEntry']}: {ROLLBACK_FAILED} {back[i]} could not be started again ({exc}).")
+                    lines.append(failed[-1])
         for i, previous in back.items():
             name = nodes[i]["hostEntry"]
             if previous is None:
                 lines.append(f"{name}: no strategy was serving before; {unit} was stopped.")
             elif i in begun:
-                lines.append(f"{name}: " + self._judge_rollback(targets[i], props, previous, *begun[i]))
+                served, text = self._judge_rollback(targets[i], props, previous, *begun[i])
+                lines.append(f"{name}: {text}")
+                if not served:
+                    failed.append(lines[-1])
             if restored.get(i):
                 lines.append(f"{name}: put back as they were: {', '.join(restored[i])}.")
         where = f"{nodes[k]['hostEntry']} ({targets[k].label})"
         message = ssh.redact(f"readiness: {status}: {reason}\n" + "\n".join(lines)
                              + f"\nLast lines of journalctl -u {unit} on {where}:\n{journal}", _secrets(props))
-        failed = [line for line in lines if ROLLBACK_FAILED in line]
         if failed:
             # As on one host: nothing serves, so the service records it and FailedSwitch fails the run.
             report = report or R.Report(status=status, unit=unit, url="", checked_at=probe.now_iso())
@@ -232,9 +236,9 @@ class MultiNodeServiceProvider(ServiceProvider):
                                                          {**report.as_dict(), "status": status, "reason": reason, "rollback": summary}))
         raise DeployError(message)
 
-    def _judge_rollback(self, t, props, previous: str, since: int, baseline: R.UnitState) -> str:
+    def _judge_rollback(self, t, props, previous: str, since: int, baseline: R.UnitState) -> tuple[bool, str]:
         """A unit started again: a rank >= 1 of a multi-node layout by its unit (its HTTP answer
-        proves nothing), any other by a real generation."""
+        proves nothing), any other by a real generation. Whether it serves again, and what to say."""
         command = ssh.run(t, ["systemctl", "show", "-p", "ExecStart", "--value", "--", previous], purpose=f"reading {previous}'s command",
                           timeout=30, check=False, read=True).stdout
         rank = re.search(r"--node-rank ([0-9]+)", command)
@@ -242,33 +246,30 @@ class MultiNodeServiceProvider(ServiceProvider):
             import time
             time.sleep(float((props.get("readiness") or {}).get("settleSeconds", 1)) + 2)
             problem = R.rank_problem(baseline, probe.unit_state(t, previous))
-            return (f"rolled back: {previous} (rank {rank.group(1)}) runs again." if problem is None else
+            return (problem is None, f"rolled back: {previous} (rank {rank.group(1)}) runs again." if problem is None else
                     f"{ROLLBACK_FAILED} {previous} (rank {rank.group(1)}) did not stay up: {problem}.")
         bind, port = self._address_of(t, previous, props)
         report = probe.wait_ready(t, previous, bind=bind, port=port, declared={}, settings=props.get("readiness") or {},
                                   since=since, baseline=baseline, progress=lambda m: _progress(f"rollback {m}"))
         if report.status == R.READY:
-            return f"rolled back: restarted {previous}, the strategy that was serving before; it generates again."
-        return f"{ROLLBACK_FAILED} {previous} did not come back ({report.status}: {report.reason})."
+            return True, f"rolled back: restarted {previous}, the strategy that was serving before; it generates again."
+        return False, f"{ROLLBACK_FAILED} {previous} did not come back ({report.status}: {report.reason})."
 
     def _outs_all(self, targets, props, previous, report) -> dict:
         states = [self._show(t, [props["unit"]])[props["unit"]] for t in targets]
         return {**props, "previous": previous, "readinessReport": report,
                 "active": all(s.get("ActiveState") == "active" for s in states) if props.get("active", True) else False,
-                "enabled": all(s.get("UnitFileState") == "enabled" for s in states)}
+                "enabled": all(s.get("UnitFileState") == "enabled" for s in states),
+                # The single-host switch reads it with its last step; here every rank is asked.
+                "runningServer": self._running_now(props)}
 
     def check(self, olds, news):
         return CheckResult(news, [])
 
-    def create(self, props):
-        try:
-            outs = self._start(props, restart=True)
-        except RollbackFailed as exc:
-            outs = self._after_failed_rollback(props, exc)
-        except (DeployError, ssh.RemoteError) as exc:
-            raise _named(props, exc) from None
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:nodes",
-                            outs={**outs, "runningServer": self._running_now(props), "readinessReport": self._last_check(outs)})
+    @staticmethod
+    def _id(props: dict) -> str:
+        # Its own id: the same host and unit can be a single-host service of another stack.
+        return f"{props['connection']['host']}:{props['unit']}:nodes"
 
     def _running_now(self, props: dict) -> str:
         """What every rank runs: as declared, or the first rank that does not and why."""

@@ -519,19 +519,19 @@ class ServiceProvider(ResourceProvider):
         unit = props["unit"]
         journal = probe.journal_tail(t, unit, since, 50, _secrets(props))
         restored: list[str] = []
-        rollback = f"No strategy was serving before; {unit} was stopped."
+        rollback, served = f"No strategy was serving before; {unit} was stopped.", True
         for step in plan.on_failure:
             if step.action == "restore-files":
                 restored = self._restore(t)
             elif step.action == "start":
-                rollback = self._roll_back(t, props, step.units[0])
+                served, rollback = self._roll_back(t, props, step.units[0])
             else:
                 self._do(t, step, unit, check=False)  # undoing: each step is tried, whatever the one before did
         if restored:
             rollback += "\nPut back as they were: " + ", ".join(restored) + "."
         message = ssh.redact(f"readiness: {report.status}: {report.reason}\n{rollback}\nLast lines of journalctl -u {unit}:\n{journal}",
                              _secrets(props))
-        if rollback.startswith(ROLLBACK_FAILED):
+        if not served:
             summary = ssh.redact(rollback.splitlines()[0], _secrets(props))
             raise RollbackFailed(message, self._outs(t, props, plan.previous, {**report.as_dict(), "rollback": summary}))
         raise DeployError(message)
@@ -548,8 +548,9 @@ class ServiceProvider(ResourceProvider):
             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120, check=False)
         return restored
 
-    def _roll_back(self, t: ssh.Target, props: dict, previous: str) -> str:
-        """Start `previous` again and wait for a real generation: the message says what serves."""
+    def _roll_back(self, t: ssh.Target, props: dict, previous: str) -> tuple[bool, str]:
+        """Start `previous` again and wait for a real generation: whether it serves again, and the
+        message that says so."""
         bind, port = self._address_of(t, previous, props)
         try:
             since, baseline = probe.start(t, previous, "start")
@@ -557,12 +558,12 @@ class ServiceProvider(ResourceProvider):
                                       settings=props.get("readiness") or {}, since=since, baseline=baseline,
                                       progress=lambda m: _progress(_who(props) + m))
         except ssh.RemoteError as exc:
-            return f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous} could not be started again ({exc})."
+            return False, f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous} could not be started again ({exc})."
         if report.status == R.READY:
-            return f"Rolled back: restarted {previous}, the strategy that was serving before; it generates again."
+            return True, f"Rolled back: restarted {previous}, the strategy that was serving before; it generates again."
         journal = probe.journal_tail(t, previous, since, 20, _secrets(props))
-        return (f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous}, the strategy that was serving before, "
-                f"did not come back ({report.status}: {report.reason}).\nLast lines of journalctl -u {previous}:\n{journal}")
+        return False, (f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous}, the strategy that was serving before, "
+                       f"did not come back ({report.status}: {report.reason}).\nLast lines of journalctl -u {previous}:\n{journal}")
 
     @staticmethod
     def _address_of(t: ssh.Target, unit: str, props: dict) -> tuple[str, int]:
@@ -629,8 +630,11 @@ class ServiceProvider(ResourceProvider):
             outs = self._after_failed_rollback(props, exc)
         except (DeployError, ssh.RemoteError) as exc:
             raise _named(props, exc) from None
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}",
-                            outs={**outs, "readinessReport": self._last_check(outs)})
+        return CreateResult(id_=self._id(props), outs={**outs, "readinessReport": self._last_check(outs)})
+
+    @staticmethod
+    def _id(props: dict) -> str:
+        return f"{props['connection']['host']}:{props['unit']}"
 
     def update(self, id, olds, news):
         # Restart when the declaration changed, or when the running process was started from
@@ -878,4 +882,4 @@ class FailedSwitchProvider(ResourceProvider):
     resource has recorded it: registered by the program only then, so it is never in a state."""
 
     def create(self, props):
-        raise DeployError(str(props.get("message") or "the switch failed and nothing serves"))
+        raise DeployError(str(props["message"]))

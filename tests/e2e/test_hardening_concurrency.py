@@ -6,8 +6,6 @@ another stack's unit. The steps run in order on one host."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 from pulumi import automation as auto
@@ -37,14 +35,11 @@ def d(tmp_path_factory, rehearsal_host_factory):
 
 
 def states(d) -> dict[str, str]:
-    out = d.sh("systemctl is-active " + " ".join(UNIT.format(s) for s in STRATEGIES) + "; true").split()
-    return dict(zip(STRATEGIES, out))
+    return H.unit_states(d, STRATEGIES, UNIT)
 
 
 def serving_one(d) -> str:
-    active = [s for s, state in states(d).items() if state == "active"]
-    assert len(active) == 1, states(d)
-    return active[0]
+    return H.serving_one(d, STRATEGIES, UNIT)
 
 
 def files(d) -> str:
@@ -56,23 +51,8 @@ def test_two_switches_at_once_are_serialised_by_the_host_lock(d):
     assert serving_one(d) == "pp8"
     since = float(d.sh("date +%s.%N"))
     outputs: dict[str, list[str]] = {"tp8": [], "ep8": []}
-    results: dict[str, tuple] = {}
-    stacks = {name: d.stack(name) for name in outputs}
-    barrier = threading.Barrier(2)
-
-    def up(name):
-        barrier.wait()
-        try:
-            r = stacks[name].up(on_output=outputs[name].append)
-            results[name] = ("ok", r.outputs["readiness"].value, time.monotonic())
-        except auto.CommandError as exc:
-            results[name] = ("error", str(exc), time.monotonic())
-    threads = [threading.Thread(target=up, args=(name,)) for name in outputs]
     H.fault_injected("two strategy stacks up-ed at the same time")
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    results = H.ups_at_once({name: d.stack(name) for name in outputs}, outputs)
     assert len(results) == 2, results
     # The loser waits for the lock (or, past its wait, fails saying so): never both starting.
     for name, (kind, value, _) in results.items():

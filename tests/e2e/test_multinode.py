@@ -126,3 +126,28 @@ def test_drift_on_rank_1s_unit_is_repaired_there_only(nodes):
     assert "--context-length 32768" in node1.run(f"cat {path}").stdout
     assert {n: main_pid(h, "tp16x2") for n, h in nodes.hosts.items()} == pids
     assert active(node0, "tp16x2") == active(node1, "tp16x2") == "active"
+
+
+def enabled(host, strategy: str) -> str:
+    return host.run(f"systemctl is-enabled {UNIT.format(strategy)}").stdout.strip()
+
+
+def test_switching_out_of_the_multi_node_layout_serves_single_node_on_every_node(nodes):
+    """Last: back from TP16 over two nodes to TP8 on each host (a fleet of two): every node stops
+    its rank, serves TP8, and only TP8 is enabled; the multi-node stack's preview then sees its
+    layout superseded, not silently running."""
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+    result = nodes.stack("tp8").up(on_output=print)
+    readiness = result.outputs["readiness"].value  # a fleet: one report per host entry
+    assert {n: r["status"] for n, r in readiness.items()} == {"node0": "ready", "node1": "ready"}, readiness
+    for host in (node0, node1):
+        assert active(host, "tp8") == "active" and active(host, "tp16x2") != "active"
+        assert enabled(host, "tp8") == "enabled" and enabled(host, "tp16x2") != "enabled"
+        info = json.loads(host.run("curl -sf http://127.0.0.1:30001/server_info", check=True).stdout)
+        assert (info["tp_size"], info.get("nnodes", 1)) == (8, 1), info
+    # And back again: the multi-node layout comes up on both nodes from the single-node one.
+    again = nodes.stack("tp16x2").up(on_output=print).outputs["readiness"].value
+    assert again["status"] == "ready" and again["layout"]["tp_size"] == 16, again
+    for host in (node0, node1):
+        assert active(host, "tp16x2") == "active" and active(host, "tp8") == "inactive"
+        assert enabled(host, "tp16x2") == "enabled" and enabled(host, "tp8") != "enabled"

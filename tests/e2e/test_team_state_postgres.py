@@ -18,8 +18,6 @@ import base64
 import json
 import signal
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -64,14 +62,11 @@ def d(tmp_path_factory, rehearsal_host_factory, server):
 
 
 def states(d) -> dict[str, str]:
-    out = d.sh("systemctl is-active " + " ".join(UNIT.format(s) for s in STRATEGIES) + "; true").split()
-    return dict(zip(STRATEGIES, out))
+    return H.unit_states(d, STRATEGIES, UNIT)
 
 
 def serving_one(d) -> str:
-    active = [s for s, state in states(d).items() if state == "active"]
-    assert len(active) == 1, states(d)
-    return active[0]
+    return H.serving_one(d, STRATEGIES, UNIT)
 
 
 def checkpoint_key(stack: str) -> str:
@@ -177,22 +172,7 @@ def test_a_second_up_of_the_same_stack_is_refused_by_the_lock_and_runs_nothing_o
 def test_two_stacks_at_once_pass_the_engine_locks_and_are_serialised_by_the_host_lock(d):
     assert serving_one(d) == "tp8"
     outputs: dict[str, list[str]] = {"ep8": [], "pp8": []}
-    results: dict[str, tuple] = {}
-    stacks = {name: d.stack(name) for name in outputs}
-    barrier = threading.Barrier(2)
-
-    def up(name):
-        barrier.wait()
-        try:
-            r = stacks[name].up(on_output=outputs[name].append)
-            results[name] = ("ok", r.outputs["readiness"].value, time.monotonic())
-        except auto.CommandError as exc:
-            results[name] = ("error", str(exc), time.monotonic())
-    threads = [threading.Thread(target=up, args=(name,)) for name in outputs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(300)
+    results = H.ups_at_once({name: d.stack(name) for name in outputs}, outputs)
     assert len(results) == 2, results
     for name, (kind, value, _) in results.items():
         assert "currently locked" not in str(value), (name, value)  # different stacks: different engine locks
