@@ -57,3 +57,31 @@ def test_a_wait_and_a_refresh_of_a_server_whose_generation_fails_give_the_same_r
     waited, looked = _both(monkeypatch, _answer(500, {}, {}), {"tp_size": 8})
     _same(waited, looked)
     assert waited["status"] == R.UNHEALTHY and "answers 500: generation fails" in waited["reason"]
+
+
+def test_a_refresh_right_after_this_process_switched_the_unit_takes_the_switchs_check(monkeypatch):
+    """During `up` the readiness resource is refreshed when the program registers it, right after
+    the switch: the switch's own check stands in for that look (no command on the host), once,
+    and only for a short while; any other refresh looks at the host."""
+    fetched = []
+    stdout = _answer(500, {}, {})
+    monkeypatch.setattr(ssh, "fetch", lambda t, request: fetched.append(request) or _Answer(stdout))
+    target = ssh.Target.from_props({"connection": {"host": "10.0.0.9", "port": 22, "user": "root", "privateKey": "k",
+                                                   "hostKey": "ssh-ed25519 AAAA"}})
+    monkeypatch.setattr(providers, "_require_target", lambda props, stored=False: target)
+    props = {"unit": UNIT, "bind": "0.0.0.0", "port": 30001, "declared": {}, "connection": {}}
+    checked = {"status": R.READY, "reason": "", "checked_at": "2026-12-01T10:00:00+00:00", "seconds_to_ready": 7.5}
+    providers._remember_check(target, UNIT, checked)
+    read = providers.ReadinessProvider().read("id", props)
+    assert fetched == [] and read.outs["status"] == R.READY and read.outs["seconds_to_ready"] == 7.5
+    assert read.outs["checked_by"] == providers.CHECKED_BY_START and "status" not in read.inputs
+    # Once: the next refresh looks at the host.
+    assert providers.ReadinessProvider().read("id", props).outs["status"] == R.UNHEALTHY and len(fetched) == 1
+    # Another unit's check, or one older than JUST_CHECKED_SECONDS, is not this look.
+    providers._remember_check(target, "other.service", checked)
+    providers.ReadinessProvider().read("id", props)
+    assert len(fetched) == 2
+    providers._remember_check(target, UNIT, checked)
+    monkeypatch.setattr(providers, "JUST_CHECKED_SECONDS", -1.0)
+    providers.ReadinessProvider().read("id", props)
+    assert len(fetched) == 3

@@ -118,6 +118,18 @@ def test_the_provider_runs_exactly_the_planned_steps(run_switch, name, case):
     assert outs["previous"] == plan.previous
     assert (outs["readinessReport"] is not None) == (plan.starts is not None)
     assert left == {}  # a switch that worked forgets the files it would have put back
+    # A start that served leaves its check for the readiness resource's refresh in this run.
+    with providers._JUST_CHECKED_LOCK:
+        kept = [report for (_, unit), (_, report) in providers._JUST_CHECKED.items() if unit == plan.unit]
+        providers._JUST_CHECKED.clear()
+    assert kept == ([outs["readinessReport"]] if plan.starts else []), kept
+
+
+def test_a_failed_start_leaves_no_check_for_the_refresh(run_switch):
+    case = dict(PLANS)["switch-stops-the-serving-one-and-disables-the-rest"]
+    providers._JUST_CHECKED.clear()
+    run_switch(case, fail=case["declared"]["unit"])
+    assert providers._JUST_CHECKED == {}
 
 
 @pytest.mark.parametrize("name,case", STARTS, ids=[n for n, _ in STARTS])

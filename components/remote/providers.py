@@ -69,6 +69,28 @@ def _take_replaced(t: ssh.Target) -> dict[str, tuple[Optional[bytes], Optional[i
         return _REPLACED.pop(t.key, {})
 
 
+# The report of a switch's own readiness check, by host and unit, in this provider process: the
+# readiness resource is refreshed when the program registers it, which during `up` is right after
+# the service it depends on, so a switch's `up` would otherwise look again (one more command on the
+# host, after the server already answered twice) at what the switch checked a moment before.
+_JUST_CHECKED: dict[tuple, tuple[float, dict]] = {}
+_JUST_CHECKED_LOCK = threading.Lock()
+# How long a switch's check stands in for a refresh's look; past it, the refresh looks again.
+JUST_CHECKED_SECONDS = 10.0
+
+
+def _remember_check(t: ssh.Target, unit: str, report: dict) -> None:
+    with _JUST_CHECKED_LOCK:
+        _JUST_CHECKED[(t.key, unit)] = (time.monotonic(), dict(report))
+
+
+def _just_checked(t: ssh.Target, unit: str) -> Optional[dict]:
+    """The report of a check this process made of `unit` in the last JUST_CHECKED_SECONDS, once."""
+    with _JUST_CHECKED_LOCK:
+        when, report = _JUST_CHECKED.pop((t.key, unit), (None, None))
+    return report if when is not None and time.monotonic() - when <= JUST_CHECKED_SECONDS else None
+
+
 def host_lock(t: ssh.Target, wait: int):
     """Host-wide switch lock: `flock` held by a remote process for as long as our channel is
     open; a dropped connection ends it, so a crashed run never leaves the host locked. Call it
@@ -492,6 +514,7 @@ class ServiceProvider(ResourceProvider):
                                       progress=lambda m: _progress(_who(props) + m))
             if report.status != R.READY:
                 self._fail(t, props, report, plan, since)
+            _remember_check(t, unit, report.as_dict())
             after = plan.steps[at + 1:]
         # The rest (enable it, disable the others) and the read of what it runs now: one round trip.
         live = probe.run_steps(t, unit, after)
@@ -844,6 +867,12 @@ class ReadinessProvider(ResourceProvider):
         return UpdateResult(outs={**news, **report})
 
     def read(self, id, props):
+        given = _just_checked(_require_target(props), props["unit"])
+        if given is not None:
+            # A switch of this run checked it moments ago (a real generation, and again after the
+            # settle time): that check is the look, and the update that follows records it.
+            return ReadResult(id_=id, outs={**props, **given, "checked_by": CHECKED_BY_START},
+                              inputs={k: v for k, v in props.items() if k in READINESS_INPUTS})
         report = self._probe(props).as_dict()
         if report["status"] == R.READY:
             # seconds_to_ready belongs to the start that measured it; keep it.
