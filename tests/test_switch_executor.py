@@ -21,10 +21,11 @@ REPLACED = "/etc/gpu-serving/shared.env"
 class Host:
     """What the case's host answers; `changes`: every command that changes it, as plan steps read."""
 
-    def __init__(self, case: dict, fail: str = ""):
+    def __init__(self, case: dict, fail: str = "", rollback_fails: bool = False):
         self.units = case["host"]["units"]
         self.holder = case["host"]["port_holder"]
         self.fail = fail  # the unit whose readiness fails
+        self.rollback_fails = rollback_fails  # and the unit started again after it fails too
         self.changes: list[str] = []
 
     def run(self, t, command, input, timeout, purpose):
@@ -70,15 +71,15 @@ class Host:
 
     def wait_ready(self, t, unit, **kwargs):
         # Only the start fails: a rollback to the unit itself (with its files put back) serves again.
-        status = R.CRASHED if unit == self.fail else R.READY
+        status = R.CRASHED if unit == self.fail or (self.rollback_fails and not self.fail) else R.READY
         self.fail = ""
         return R.Report(status=status, unit=unit, url="http://127.0.0.1:30000", reason="it exited" if status != R.READY else "")
 
 
 @pytest.fixture
 def run_switch(monkeypatch):
-    def run(case: dict, fail: str = "", replaced: bool = False):
-        host = Host(case, fail)
+    def run(case: dict, fail: str = "", replaced: bool = False, rollback_fails: bool = False):
+        host = Host(case, fail, rollback_fails)
         monkeypatch.setattr(ssh, "_run", host.run)
         monkeypatch.setattr(ssh, "_write_file", host.write)
         monkeypatch.setattr(probe, "wait_ready", host.wait_ready)
@@ -214,3 +215,18 @@ def test_after_the_start_enable_then_disable_then_the_read_in_one_command(tmp_pa
     assert calls[:3] == ["enable new.service", "disable old.service older.service", "daemon-reload"]
     assert calls[3].startswith("show ") and calls[3].endswith("new.service")
     assert "ActiveState=active" in out.partition("@@read\n")[2]
+
+
+def test_a_rollback_that_fails_too_is_recorded_with_the_unit_as_it_is(run_switch):
+    """Issue 12 on the switch path: the start fails, the previous strategy does not come back;
+    the provider raises RollbackFailed carrying the outputs (the unit read as it is now, the
+    failed start's report with `rollback`) for the service to record."""
+    case = dict(PLANS)["switch-stops-the-serving-one-and-disables-the-rest"]
+    unit = case["declared"]["unit"]
+    plan, changes, _, error, _ = run_switch(case, fail=unit, rollback_fails=True)
+    assert isinstance(error, providers.RollbackFailed), error
+    assert str(error).startswith(f"readiness: {R.CRASHED}: it exited")
+    report = error.outs["readinessReport"]
+    assert report["status"] == R.CRASHED and report["rollback"].startswith(providers.ROLLBACK_FAILED), report
+    assert error.outs["previous"] == plan.previous and "runningServer" in error.outs
+    assert changes[-1] == f"start {plan.rollback_to}"  # tried, and nothing after it

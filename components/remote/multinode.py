@@ -121,8 +121,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         active, enabled = props.get("active", True), props.get("enabled", True)
 
         def plan_of(t, p, again: bool):
-            units = self._managed(t, unit)
-            holder = self._foreign_listener(t, port, list(units))
+            units, holder = self._managed(t, unit, port)
             return switch.plan(unit, units, restart=again, active=active, enabled=enabled, port_holder=holder, port=port,
                                host=f"{p['hostEntry']} ({t.label})")
         plans = [plan_of(t, p, restart) for t, p in zip(targets, nodes)]

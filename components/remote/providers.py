@@ -556,7 +556,9 @@ class ServiceProvider(ResourceProvider):
                              _secrets(props))
         if not served:
             summary = ssh.redact(rollback.splitlines()[0], _secrets(props))
-            raise RollbackFailed(message, self._outs(t, props, plan.previous, {**report.as_dict(), "rollback": summary}))
+            # The unit as it is now (stopped), read as a switch's last step reads it.
+            raise RollbackFailed(message, self._outs(props, plan.previous, {**report.as_dict(), "rollback": summary},
+                                                     probe.run_steps(t, unit, [])))
         raise DeployError(message)
 
     def _restore(self, t: ssh.Target) -> list[str]:
