@@ -152,7 +152,7 @@ class MultiNodeServiceProvider(ServiceProvider):
                 after = after or step.action in ("start", "restart")
         for t in targets:
             _take_replaced(t)  # kept: nothing to put back
-        return self._outs_all(targets, props, plans[0].previous, report)
+        return self._outs_all(props, plans[0].previous, report)
 
     def _start_together(self, targets, nodes, plans, props) -> dict:
         """Start every rank within the rendezvous window (ranks >= 1 first, rank 0 last, none
@@ -231,7 +231,7 @@ class MultiNodeServiceProvider(ServiceProvider):
             # As on one host: nothing serves, so the service records it and FailedSwitch fails the run.
             report = report or R.Report(status=status, unit=unit, url="", checked_at=probe.now_iso())
             summary = ssh.redact(failed[0].splitlines()[0], _secrets(props))
-            raise RollbackFailed(message, self._outs_all(targets, props, plans[0].previous,
+            raise RollbackFailed(message, self._outs_all(props, plans[0].previous,
                                                          {**report.as_dict(), "status": status, "reason": reason, "rollback": summary}))
         raise DeployError(message)
 
@@ -254,13 +254,15 @@ class MultiNodeServiceProvider(ServiceProvider):
             return True, f"rolled back: restarted {previous}, the strategy that was serving before; it generates again."
         return False, f"{ROLLBACK_FAILED} {previous} did not come back ({report.status}: {report.reason})."
 
-    def _outs_all(self, targets, props, previous, report) -> dict:
-        states = [self._show(t, [props["unit"]])[props["unit"]] for t in targets]
+    def _outs_all(self, props, previous, report) -> dict:
+        # One read per rank gives its state and what it runs (the single-host switch reads the
+        # same with its last step).
+        lives = self._lives(props)
+        active = props.get("active", True)
         return {**props, "previous": previous, "readinessReport": report,
-                "active": all(s.get("ActiveState") == "active" for s in states) if props.get("active", True) else False,
-                "enabled": all(s.get("UnitFileState") == "enabled" for s in states),
-                # The single-host switch reads it with its last step; here every rank is asked.
-                "runningServer": self._running_now(props)}
+                "active": all(v and v["active"] for _, v in lives) if active else False,
+                "enabled": all(v and v["enabled"] for _, v in lives),
+                "runningServer": self._ranks_running(lives) if active else R.NOT_RUNNING}
 
     def check(self, olds, news):
         return CheckResult(news, [])
@@ -270,33 +272,29 @@ class MultiNodeServiceProvider(ServiceProvider):
         # Its own id: the same host and unit can be a single-host service of another stack.
         return f"{props['connection']['host']}:{props['unit']}:nodes"
 
-    def _running_now(self, props: dict) -> str:
+    def _lives(self, props: dict) -> list[tuple[dict, Optional[dict]]]:
+        """Each rank's node props and its `_read_live` answer (None: the unit is not there)."""
+        return [(node, self._read_live(_require_target(node), node))
+                for node in (self._node(props, k) for k in range(len(props["ranks"])))]
+
+    @staticmethod
+    def _ranks_running(lives: list[tuple[dict, Optional[dict]]]) -> str:
         """What every rank runs: as declared, or the first rank that does not and why."""
-        if not props.get("active", True):
-            return R.NOT_RUNNING
-        for k in range(len(props["ranks"])):
-            node = self._node(props, k)
-            live = self._read_live(_require_target(node), node)
+        for k, (node, live) in enumerate(lives):
             running = live["runningServer"] if live else R.NOT_RUNNING
             if running != R.AS_DECLARED:
                 return running if k == 0 else f"rank {k} on {node['hostEntry']}: {running}"
         return R.AS_DECLARED
 
+    def _running_now(self, props: dict) -> str:
+        return self._ranks_running(self._lives(props)) if props.get("active", True) else R.NOT_RUNNING
+
     def read(self, id, props):
-        lives = []
-        for k in range(len(props["ranks"])):
-            node = self._node(props, k)
-            lives.append((node, self._read_live(_require_target(node), node)))
+        lives = self._lives(props)
         if all(live is None for _, live in lives):
             return ReadResult(id_=None, outs={})
-        running = R.AS_DECLARED
-        for k, (node, live) in enumerate(lives):
-            state = live["runningServer"] if live else R.NOT_RUNNING
-            if state != R.AS_DECLARED:
-                running = state if k == 0 else f"rank {k} on {node['hostEntry']}: {state}"
-                break
         live = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
-                "runningServer": running}
+                "runningServer": self._ranks_running(lives)}
         inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
 
