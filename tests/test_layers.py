@@ -28,8 +28,6 @@ LAZY = {
     ("components.__main__", "components.remote.ssh"):
         "`plan` reads running rehearsal hosts' addresses (host.json, no connection; paramiko stays unloaded)",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
-    ("components.remote.providers", "components.core.config"):
-        "pydantic costs every provider start ~0.1 s; only secret checks and the warm-up thread need it",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
 

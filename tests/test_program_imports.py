@@ -5,6 +5,7 @@ imports. No timing here."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,27 @@ def test_the_program_collects_garbage_again_after_its_imports(tmp_path):
     seen = program_start(tmp_path)
     assert seen["gc_before"] and seen["gc_enabled"]
     assert seen["frozen"] > 10_000  # the imported objects are left out of later collections
+
+
+PROVIDER_PROBE = """
+import json, sys
+import pulumi.dynamic
+import components.remote.providers, components.remote.installers, components.remote.multinode, components.remote.router
+print(json.dumps(sorted(sys.modules)))
+"""
+
+
+def test_the_dynamic_providers_load_without_the_settings_models(tmp_path):
+    # Every program run starts a provider process, and its first call loads the provider classes
+    # (dill, by module). They check values with core/rules.py and never build settings: pydantic
+    # and the settings models were ~0.16 s of that first call, i.e. of every refresh's first read.
+    probe = tmp_path / "provider_probe.py"
+    probe.write_text(PROVIDER_PROBE)
+    proc = subprocess.run([sys.executable, "-u", str(RUNNER), "--script", str(probe)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    modules = set(json.loads(proc.stdout))
+    assert "components.remote.providers" in modules
+    assert "components.core.rules" in modules
+    assert not {m for m in modules if m == "pydantic" or m.startswith("pydantic.")}
+    assert "components.core.config" not in modules

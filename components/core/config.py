@@ -36,13 +36,8 @@ from pydantic.alias_generators import to_camel
 from . import flags
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .profiles import PROFILES
-
-NAMESPACE = "gpu-serving"
-
-
-def _rx(body: str) -> re.Pattern:
-    """A whole-string, ASCII-only pattern: safe even where someone later calls .match."""
-    return re.compile(rf"\A(?:{body})\Z", re.ASCII)
+from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, SECRET_FORBIDDEN
+from .rules import rx as _rx
 
 
 # Characters allowed in anything that ends up on a command line or in a unit file. Paths,
@@ -55,7 +50,6 @@ SAFE_SERVED_NAME = _rx(r"[A-Za-z0-9][A-Za-z0-9_./:-]{0,127}")
 FLAG = _rx(r"--[a-z0-9]+(?:-[a-z0-9]+)*(?:=[A-Za-z0-9_./:,+@=-]+)?")
 # A negative number is a value (--chunked-prefill-size -1), not a flag.
 NUMBER = _rx(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
-ENV_KEY = _rx(r"[A-Za-z_][A-Za-z0-9_]*")
 HOSTNAME = _rx(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 # What an IPv6 zone may be: an interface name (Linux allows up to 15 bytes) or an index.
 IPV6_ZONE = _rx(r"[A-Za-z0-9_.-]{1,15}")
@@ -262,8 +256,8 @@ def _howto(kind: str) -> str:
     return SSH_KEY_HOWTO if "private key" in kind or "PEM" in kind else SECRET_HOWTO
 # apt source options that weaken signature checking.
 APT_SAFE_OPTIONS = {"signed-by", "arch"}
-# Secrets go into a double-quoted line of the 0600 EnvironmentFile: these would end or extend it.
-SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
+# Secrets go into a double-quoted line of the 0600 EnvironmentFile: rules.SECRET_FORBIDDEN would
+# end or extend it.
 # Inside the EnvironmentFile's double quotes these would end the value, escape or expand.
 ENV_VALUE_FORBIDDEN = "\"\\$`'"
 
@@ -696,7 +690,6 @@ ROUTER_VERSIONS = ("1.13.0",)
 # smg's --policy choices for a regular (not prefill/decode) fleet (`smg launch --help`).
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "consistent_hashing", "prefix_hash")
 # What the admin key may hold: smg reads --control-plane-api-keys as 'id:name:role:key'.
-ROUTER_KEY = _rx(r"[A-Za-z0-9._~+/=-]{16,256}")
 
 
 class RouterSettings(Settings):

@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Optional
 
-from pydantic import Field
 
 # Written as `--flag value`; left out when the setting's value is `omit`.
 VALUE = "value"
@@ -48,8 +47,8 @@ class Flag:
     accepts for the same argument (refused in extraArgs like the flag itself); setting: where the
     value comes from, `section.camelKey` (None for a REFUSED row); form: VALUE, SWITCH or REFUSED;
     omit: the value for which a VALUE flag is left out; text: how a value is written (default
-    str); declare: (type, pydantic Field) when this table declares the setting (a serving
-    setting that is only this flag); about: one line for docs/flags.md (for REFUSED: why)."""
+    str); declare: (type, default) or (type, default, bounds of pydantic's Field) when this table
+    declares the setting (a serving setting that is only this flag); about: one line for docs/flags.md (for REFUSED: why)."""
 
     flag: str
     setting: Optional[str]
@@ -58,7 +57,7 @@ class Flag:
     aliases: tuple[str, ...] = ()
     omit: Any = None
     text: Callable[[Any], str] = str
-    declare: Optional[tuple[Any, Any]] = None
+    declare: Optional[tuple] = None
     derive: Optional[Callable[[Any], Any]] = None
 
     @property
@@ -95,11 +94,11 @@ FLAGS: tuple[Flag, ...] = (
          form=SWITCH),
     Flag("--moe-a2a-backend", "strategy.moeA2aBackend", "MoE all-to-all backend", omit="none"),
     Flag("--mem-fraction-static", "serving.memFractionStatic", "weights + KV cache pool, as a share of GPU memory",
-         text=lambda v: f"{v:g}", declare=(float, Field(0.88, gt=0, lt=1))),
+         text=lambda v: f"{v:g}", declare=(float, 0.88, dict(gt=0, lt=1))),
     Flag("--context-length", "serving.contextLength", "longest context a request may have",
-         declare=(int, Field(32768, ge=1, le=10_000_000))),
+         declare=(int, 32768, dict(ge=1, le=10_000_000))),
     Flag("--max-running-requests", "serving.maxRunningRequests", "requests decoded at once (null: SGLang's default)",
-         declare=(Optional[int], Field(64, ge=1, le=100_000))),
+         declare=(Optional[int], 64, dict(ge=1, le=100_000))),
     Flag("--attention-backend", "serving.attentionBackend", "attention kernels",
          declare=(Optional[Literal[ATTENTION_BACKENDS]], "triton")),
     Flag("--grammar-backend", "serving.grammarBackend", "structured-output backend",
@@ -112,7 +111,7 @@ FLAGS: tuple[Flag, ...] = (
     # old spelling as a deprecated alias: the canonical one is written, the name users know is the setting.
     Flag("--cuda-graph-max-bs-decode", "serving.cudaGraphMaxBs",
          "largest decode batch captured in a CUDA graph (fewer: less memory, slower large batches)",
-         aliases=("--cuda-graph-max-bs",), declare=(Optional[int], Field(None, ge=1, le=100_000))),
+         aliases=("--cuda-graph-max-bs",), declare=(Optional[int], None, dict(ge=1, le=100_000))),
     Flag("--host", "serving.host", "address the server binds"),
     Flag("--port", "serving.port", "port the server listens on"),
     Flag("--nnodes", "strategy.nodes", "how many nodes the layout spans (multi-node only)", form=DERIVED,
@@ -134,7 +133,11 @@ def owned() -> dict[str, str]:
 def declared(section: str) -> dict[str, tuple[Any, Any]]:
     """The settings of `section` this table declares: attribute -> (type, default or Field), in
     the table's order (config.ServingSettings)."""
-    return {row.attribute: row.declare for row in FLAGS if row.declare is not None and row.section == section}
+    # Imported here: the provider's process imports this table (unit rendering) and never pydantic.
+    from pydantic import Field
+
+    return {row.attribute: (row.declare[0], Field(row.declare[1], **row.declare[2]) if len(row.declare) > 2 else row.declare[1])
+            for row in FLAGS if row.declare is not None and row.section == section}
 
 
 def words(settings: Any, namespace: str) -> list[tuple[str, str]]:

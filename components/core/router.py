@@ -21,10 +21,13 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .config import NAMESPACE, ROUTER_KEY, StackSettings
 from .errors import ConfigError, SettingError, shown
+from .rules import NAMESPACE, ROUTER_KEY
+
+if TYPE_CHECKING:  # the provider's process imports this module, and never the settings models
+    from .config import StackSettings
 
 PINS_DIR = Path(__file__).parent / "data" / "router"
 # The smg key entry: id and name are ours, the role is admin (it may add and remove workers).
@@ -84,7 +87,7 @@ def exec_start(settings: StackSettings, workers: list[str]) -> list[str]:
 
 def render_environment(key: str) -> str:
     """The router's environment file (written 0600): the admin key entry. The key's shape was
-    checked (config.ROUTER_KEY); checked again here, never quoted in a refusal."""
+    checked (rules.ROUTER_KEY); checked again here, never quoted in a refusal."""
     if not isinstance(key, str) or not ROUTER_KEY.fullmatch(key):
         raise ConfigError([SettingError(f"{NAMESPACE}:routerAdminKey", "must be 16 to 256 of A-Z a-z 0-9 . _ ~ + / = -")])
     return ("# Managed by gpu-serving: the router's admin key (a Pulumi secret).\n"

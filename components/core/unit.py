@@ -16,10 +16,14 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import flags
-from .config import ENV_KEY, NAMESPACE, StackSettings
 from .errors import ConfigError, SettingError, shown
+from .rules import ENV_KEY, NAMESPACE
+
+if TYPE_CHECKING:  # the provider's process imports this module, and never the settings models
+    from .config import StackSettings
 
 # Where the units are written (systemd's directory for the administrator's units).
 UNIT_DIR = "/etc/systemd/system"

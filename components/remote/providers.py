@@ -32,6 +32,7 @@ from pulumi.dynamic import (
 from ..core import readiness as R
 from ..core import reads, switch
 from ..core import status as S
+from ..core.rules import SECRET_FORBIDDEN
 from ..core.facts import (
     FactError,
     HostFacts,
@@ -211,17 +212,6 @@ def _secrets(props: dict) -> list[str]:
     return [v for v in values if v]
 
 
-def _warm_imports() -> None:
-    """While the prefetched reads travel, import what a later step of the refresh needs (the
-    environment file's check imports the settings module, ~0.1 s of pydantic) off the chain."""
-    def load():
-        try:
-            from ..core import config  # noqa: F401
-        except Exception:  # noqa: BLE001 - the step that needs it imports it again, and says why
-            pass
-    threading.Thread(target=load, name="gpu-serving-warm-imports", daemon=True).start()
-
-
 # ---------------------------------------------------------------------------------------
 @identity.guarded
 class HostFactsProvider(ResourceProvider):
@@ -242,8 +232,7 @@ class HostFactsProvider(ResourceProvider):
         later = reads.expand(prefetch) if prefetch else []
         if later:
             ssh.client(t)  # the connection every read of this run shares, opened here
-            if ssh.prefetch(t, later):
-                _warm_imports()
+            ssh.prefetch(t, later)
         out = ssh.fetch_first(t, request)
         try:
             return parse_facts(out.stdout).as_dict()
@@ -266,8 +255,8 @@ class HostFactsProvider(ResourceProvider):
             if not specs or not isinstance(connection, dict) or connection.get("unavailable"):
                 return
             t = ssh.Target.from_props(news)
-            if ssh.prefetch_window_open(t) and ssh.prefetch(t, reads.expand(specs)):
-                _warm_imports()
+            if ssh.prefetch_window_open(t):
+                ssh.prefetch(t, reads.expand(specs))
         except Exception:  # noqa: BLE001 - a prefetch is never a reason to fail a check
             pass
 
@@ -327,11 +316,6 @@ class RemoteFileProvider(ResourceProvider):
     @staticmethod
     def _bad_secrets(props: dict) -> list[str]:
         """Secret values that would end or extend their KEY="value" line (never the values)."""
-        if not props.get("secretEnvironment"):
-            return []  # no import at all: a refresh waits for the first file's check
-        from ..core.config import (
-            SECRET_FORBIDDEN,  # here: pydantic would slow every provider start
-        )
         return [key for key, value in sorted((props.get("secretEnvironment") or {}).items())
                 if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
                                                or any(c.isspace() for c in value))]

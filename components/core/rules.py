@@ -1,0 +1,24 @@
+"""Rules the settings check (config.py) shares with the dynamic provider's process.
+
+The provider renders nothing from settings and never validates them, but its modules check a
+few values again where they are used (an environment variable's name, the router's key, a
+secret's characters). Those rules live here, without pydantic, so that a provider process,
+started for every program run, does not import the settings models (docs/benchmarks.md,
+issue 18: ~0.16 s of every provider's first call).
+"""
+from __future__ import annotations
+
+import re
+
+NAMESPACE = "gpu-serving"
+
+
+def rx(body: str) -> re.Pattern:
+    """A whole-string, ASCII-only pattern: safe even where someone later calls .match."""
+    return re.compile(rf"\A(?:{body})\Z", re.ASCII)
+
+
+ENV_KEY = rx(r"[A-Za-z_][A-Za-z0-9_]*")
+ROUTER_KEY = rx(r"[A-Za-z0-9._~+/=-]{16,256}")
+# Characters that would end or extend a secret's KEY="value" line in the environment file.
+SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
