@@ -30,6 +30,7 @@ import posixpath
 import secrets
 import shlex
 import socket
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -56,6 +57,12 @@ def _lazy_import(name: str):
     return module
 
 
+# paramiko imports invoke (a dependency of its own) only to run the `Match exec` lines of an
+# ssh_config file, and gpu-serving never reads one: every connection setting is the stack's.
+# invoke's import (asyncio, unittest.mock, yaml) was ~0.1 s of every provider process's first
+# read (docs/benchmarks.md). Marked absent, paramiko takes its own "no invoke" path; a process
+# that loaded invoke already keeps it.
+sys.modules.setdefault("invoke", None)
 paramiko = _lazy_import("paramiko")
 
 # Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
