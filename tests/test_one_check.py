@@ -150,6 +150,22 @@ def test_deep_nesting_is_a_refusal_not_a_recursion_error(tmp_path):
         read_yaml(path)
 
 
+def test_stack_files_are_read_by_libyaml_and_a_bad_one_is_named_with_its_line(tmp_path):
+    # Every program run reads every stack file of the project: libyaml's parser (in the pinned
+    # PyYAML wheel) is ~6x faster than the pure-Python one, and refuses the same way.
+    from components.core import stack_config
+
+    assert yaml.__with_libyaml__ and issubclass(stack_config._BoundedLoader, yaml.CSafeLoader)
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text("config:\n  gpu-serving:strategy:\n    tpSize: [8\n  other: 1\n")
+    with pytest.raises(ConfigError, match=r"Pulumi.bad.yaml: is not valid YAML \(line \d+, column \d+\)"):
+        read_yaml(path)
+    dup = tmp_path / "Pulumi.dup.yaml"
+    dup.write_text("config:\n  gpu-serving:strategy: {tpSize: 8}\n  gpu-serving:strategy: {tpSize: 4}\n")
+    with pytest.raises(ConfigError, match="writes the key 'gpu-serving:strategy' twice"):
+        read_yaml(dup)
+
+
 def test_a_shared_alias_within_the_bound_is_read(tmp_path):
     path = tmp_path / "Pulumi.ok.yaml"
     path.write_text("common: &c {gpuCount: 8}\nconfig:\n  gpu-serving:host: *c\n  other: [*c, *c]\n")

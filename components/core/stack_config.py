@@ -65,8 +65,10 @@ class RawConfig:
 # ---------------------------------------------------------------------------------------------
 # Files
 
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a document whose aliases expand past MAX_VALUES values."""
+class _BoundedLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """PyYAML's safe loader, refusing a document whose aliases expand past MAX_VALUES values.
+    libyaml's parser when PyYAML has it (its wheels do): a program run reads every stack file of
+    the project (which strategy another stack owns), ~6x faster than the pure-Python parser."""
 
     def get_single_node(self):
         node = super().get_single_node()
