@@ -54,3 +54,25 @@ def test_a_hand_edit_just_before_the_refresh_is_drift(deployment):
     d.stack("tp8").up(refresh=True, on_output=print)
     assert d.sh(f"cat {ENV_FILE}") == original
     d.stack("tp8").preview(refresh=True, expect_no_changes=True)
+
+
+def test_the_provider_process_starts_while_the_program_loads(deployment):
+    # components/provider_start.py: the engine launches the dynamic provider on the program's first
+    # call, made before its imports, instead of on the first resource, which the SDK sends only
+    # after the program's body has run. Read from the engine's own log of a real drift check:
+    # one provider process, launched before the program's body ended, and nothing about the call
+    # on the user's screen.
+    d = deployment
+    d.stack("tp8").up(on_output=print)
+    shown: list[str] = []
+    result = d.stack("tp8").preview(refresh=True, expect_no_changes=True, log_verbosity=9, log_to_std_err=True,
+                                    log_flow=True, on_output=shown.append)
+    log = result.stderr.splitlines()
+    launches = [i for i, line in enumerate(log) if "Launching plugin 'pulumi-python (resource)'" in line]
+    body_done = [i for i, line in enumerate(log) if "Waiting for outstanding RPCs to complete" in line]
+    first_read = [i for i, line in enumerate(log) if "].Read(" in line]
+    assert len(launches) == 1, launches
+    assert body_done and first_read, (body_done, first_read)
+    assert launches[0] < body_done[0] < first_read[0], (launches, body_done, first_read)
+    text = "\n".join(shown)
+    assert "startProvider" not in text and "not implemented" not in text.lower(), text[-2000:]
