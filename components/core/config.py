@@ -689,7 +689,6 @@ class BenchmarkSettings(Settings):
 ROUTER_VERSIONS = ("1.13.0",)
 # smg's --policy choices for a regular (not prefill/decode) fleet (`smg launch --help`).
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "least_load", "consistent_hashing", "prefix_hash")
-# What the admin key may hold: smg reads --control-plane-api-keys as 'id:name:role:key'.
 
 
 class RouterSettings(Settings):

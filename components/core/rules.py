@@ -19,6 +19,7 @@ def rx(body: str) -> re.Pattern:
 
 
 ENV_KEY = rx(r"[A-Za-z_][A-Za-z0-9_]*")
+# The router's admin key: smg reads --control-plane-api-keys as 'id:name:role:key'.
 ROUTER_KEY = rx(r"[A-Za-z0-9._~+/=-]{16,256}")
 # Characters that would end or extend a secret's KEY="value" line in the environment file.
 SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
