@@ -148,21 +148,10 @@ def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
 # failure is part of the answer (no nvcc yet = no toolkit), not an error of the read. The last
 # line, @@end, says the answer is whole: without it (a connection lost mid-answer) an empty
 # section would read as "no GPUs" or "no toolkit", so `parse_facts` refuses the answer instead.
-# The three nvidia-smi calls run at once, each into its own file: every call initialises NVML,
-# slow on a GPU host without the persistence daemon, and a refresh's first read waits for them.
-# No temporary directory (a full /tmp): no @@end, the answer is refused as cut short. The
-# directory goes at the end, also when the read is cut (a signal exits, and the exit removes it).
 FACTS_SCRIPT = r"""
-d=$(mktemp -d) || exit 1
-trap 'rm -rf "$d"' EXIT
-trap 'exit 1' HUP INT TERM PIPE
-{ nvidia-smi {query} 2>&1 || echo "@@rc=$?"; } >"$d/query" &
-nvidia-smi 2>&1 | head -n 6 >"$d/smi" &
-nvidia-smi topo -m >"$d/topo" 2>&1 &
-wait
-echo '@@query'; cat "$d/query"
-echo '@@smi'; cat "$d/smi"
-echo '@@topo'; cat "$d/topo"
+echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
+echo '@@smi'; nvidia-smi 2>&1 | head -n 6
+echo '@@topo'; nvidia-smi topo -m 2>&1
 echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
