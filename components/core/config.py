@@ -36,7 +36,7 @@ from pydantic.alias_generators import to_camel
 from . import flags
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .profiles import PROFILES
-from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, SECRET_FORBIDDEN
+from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, breaks_secret_line
 from .rules import rx as _rx
 
 
@@ -256,8 +256,6 @@ def _howto(kind: str) -> str:
     return SSH_KEY_HOWTO if "private key" in kind or "PEM" in kind else SECRET_HOWTO
 # apt source options that weaken signature checking.
 APT_SAFE_OPTIONS = {"signed-by", "arch"}
-# Secrets go into a double-quoted line of the 0600 EnvironmentFile: rules.SECRET_FORBIDDEN would
-# end or extend it.
 # Inside the EnvironmentFile's double quotes these would end the value, escape or expand.
 ENV_VALUE_FORBIDDEN = "\"\\$`'"
 
@@ -349,7 +347,7 @@ def check_secret_value(key: str, value: Any) -> list[SettingError]:
     if not isinstance(value, str):
         return [SettingError(where, f"must be a string (got {type(value).__name__})")]
     if key == "hfToken":
-        if not value or any(c in value for c in SECRET_FORBIDDEN) or any(c.isspace() for c in value):
+        if breaks_secret_line(value):
             return [SettingError(where, "contains whitespace, a quote, a backslash, $ or a backtick (a token never does)",
                                  "paste the token alone: pulumi config set --secret gpu-serving:hfToken")]
     if key == "routerAdminKey" and not ROUTER_KEY.fullmatch(value):

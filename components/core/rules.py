@@ -23,3 +23,10 @@ ENV_KEY = rx(r"[A-Za-z_][A-Za-z0-9_]*")
 ROUTER_KEY = rx(r"[A-Za-z0-9._~+/=-]{16,256}")
 # Characters that would end or extend a secret's KEY="value" line in the environment file.
 SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
+
+
+def breaks_secret_line(value: str) -> bool:
+    """A secret that cannot be written as its KEY="value" line: empty, with whitespace, or with
+    one of SECRET_FORBIDDEN (a token never has them). Checked by the settings and by the file's
+    provider."""
+    return not value or any(c in value for c in SECRET_FORBIDDEN) or any(c.isspace() for c in value)

@@ -257,12 +257,10 @@ class MultiNodeServiceProvider(ServiceProvider):
     def _outs_all(self, props, previous, report) -> dict:
         # One read per rank gives its state and what it runs (the single-host switch reads the
         # same with its last step).
-        lives = self._lives(props)
-        active = props.get("active", True)
-        return {**props, "previous": previous, "readinessReport": report,
-                "active": all(v and v["active"] for _, v in lives) if active else False,
-                "enabled": all(v and v["enabled"] for _, v in lives),
-                "runningServer": self._ranks_running(lives) if active else R.NOT_RUNNING}
+        live = self._together(self._lives(props))
+        if not props.get("active", True):
+            live = {**live, "active": False, "runningServer": R.NOT_RUNNING}
+        return {**props, "previous": previous, "readinessReport": report, **live}
 
     def check(self, olds, news):
         return CheckResult(news, [])
@@ -276,6 +274,12 @@ class MultiNodeServiceProvider(ServiceProvider):
         """Each rank's node props and its `_read_live` answer (None: the unit is not there)."""
         return [(node, self._read_live(_require_target(node), node))
                 for node in (self._node(props, k) for k in range(len(props["ranks"])))]
+
+    @classmethod
+    def _together(cls, lives: list[tuple[dict, Optional[dict]]]) -> dict:
+        """The ranks as one service: active and enabled when every rank is, and what they run."""
+        return {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
+                "runningServer": cls._ranks_running(lives)}
 
     @staticmethod
     def _ranks_running(lives: list[tuple[dict, Optional[dict]]]) -> str:
@@ -293,8 +297,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         lives = self._lives(props)
         if all(live is None for _, live in lives):
             return ReadResult(id_=None, outs={})
-        live = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
-                "runningServer": self._ranks_running(lives)}
+        live = self._together(lives)
         inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
 

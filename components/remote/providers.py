@@ -32,7 +32,7 @@ from pulumi.dynamic import (
 from ..core import readiness as R
 from ..core import reads, switch
 from ..core import status as S
-from ..core.rules import SECRET_FORBIDDEN
+from ..core.rules import breaks_secret_line
 from ..core.facts import (
     FactError,
     HostFacts,
@@ -317,8 +317,7 @@ class RemoteFileProvider(ResourceProvider):
     def _bad_secrets(props: dict) -> list[str]:
         """Secret values that would end or extend their KEY="value" line (never the values)."""
         return [key for key, value in sorted((props.get("secretEnvironment") or {}).items())
-                if isinstance(value, str) and (not value or any(c in value for c in SECRET_FORBIDDEN)
-                                               or any(c.isspace() for c in value))]
+                if isinstance(value, str) and breaks_secret_line(value)]
 
     def check(self, olds, news):
         if not olds and news.get("showWhenNew") and isinstance(news.get("content"), str):
