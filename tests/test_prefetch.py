@@ -173,6 +173,49 @@ def test_the_window_opens_only_after_a_lone_first_read_and_closes_on_any_other()
 # The same rules through the transport (ssh.py), over a fake connection
 
 
+def test_a_remembered_snapshot_is_served_again_until_the_host_changes():
+    # A `reuse` read (what serves on the host): several providers of one run read it; the first
+    # answer serves them all, until anything changes the host.
+    cache = readcache.ReadCache()
+    mark = cache.mark("h")
+    assert cache.remember("h", "serving", "snapshot", mark)
+    assert cache.take("h", "serving", keep=True) == "snapshot"
+    assert cache.take("h", "serving", keep=True) == "snapshot"
+    assert cache.take("g", "serving", keep=True) is readcache.MISS
+    cache.clear("h")  # a write, a command that changes the host, the switch lock
+    assert cache.take("h", "serving", keep=True) is readcache.MISS
+
+
+def test_a_snapshot_read_while_the_host_changed_is_not_remembered():
+    cache = readcache.ReadCache()
+    mark = cache.mark("h")
+    cache.clear("h")  # changed while the read ran
+    assert not cache.remember("h", "serving", "maybe before the change", mark)
+    assert cache.take("h", "serving", keep=True) is readcache.MISS
+    cache.begin_change("h")
+    assert not cache.remember("h", "serving", "during a change", cache.mark("h"))
+    cache.end_change("h")
+
+
+def test_a_remembered_snapshot_ages_from_the_start_of_its_read():
+    clock = Clock()
+    cache = readcache.ReadCache(clock=clock, max_age=5.0)
+    mark = cache.mark("h")
+    clock.now += 3.0  # the read took 3 s
+    assert cache.remember("h", "serving", "snapshot", mark)
+    clock.now += 1.9
+    assert cache.take("h", "serving", keep=True) == "snapshot"
+    clock.now += 0.2  # 5.1 s after the read started
+    assert cache.take("h", "serving", keep=True) is readcache.MISS
+    assert cache.held("h") == []
+
+
+def test_a_snapshot_without_an_exit_status_is_never_remembered():
+    cache = readcache.ReadCache()
+    assert not cache.remember("h", "serving", ssh.Result(-1, "cut", ""), cache.mark("h"))
+    assert cache.take("h", "serving", keep=True) is readcache.MISS
+
+
 class FakeTransport:
     def is_active(self):
         return True
@@ -235,6 +278,37 @@ def test_transport_change_clears_prefetched_reads_first(fake_host, change):
     before = len(ran)
     ssh.fetch(t, request)
     assert len(ran) == before + 1  # read again, after the change
+
+
+def test_transport_reads_what_serves_once_per_run_until_the_host_changes(fake_host):
+    # A switch's preview: the service's read (another strategy serves?), the check's switch
+    # preview and the readiness read all ask what serves; the host is read once.
+    t, ran, answers = fake_host
+    request = reads.serving(with_environ=True)
+    command = shlex.join(request["argv"])
+    answers[command] = (0, b"@@now 100.0\n", b"")
+    assert providers.ServiceProvider._superseded(t, "sglang-kimi-k2.6-ep8.service") is None
+    assert ssh.fetch(t, request).stdout == "@@now 100.0\n"
+    assert ssh.fetch(t, reads.serving(with_environ=True)).stdout == "@@now 100.0\n"
+    assert ran == [command]
+    answers[command] = (0, b"@@now 200.0\n", b"")
+    ssh.run(t, ["systemctl", "stop", "--", "x.service"], purpose="stopping x", timeout=60)
+    assert ssh.fetch(t, request).stdout == "@@now 200.0\n"  # read anew after the change
+    assert ran == [command, "systemctl stop -- x.service", command]
+    plain = reads.service({"unit": "u.service"})[0]
+    ssh.fetch(t, plain), ssh.fetch(t, plain)
+    assert ran[-2:] == [shlex.join(plain["argv"])] * 2  # other reads are never reused
+
+
+def test_transport_a_failed_snapshot_read_is_not_kept(fake_host):
+    t, ran, answers = fake_host
+    request = reads.serving(with_environ=True)
+    command = shlex.join(request["argv"])
+    answers[command] = (1, b"", b"Failed to connect to bus")
+    with pytest.raises(ssh.RemoteError):
+        ssh.fetch(t, request)
+    answers[command] = (0, b"@@now 1.0\n", b"")
+    assert ssh.fetch(t, request).stdout == "@@now 1.0\n" and ran == [command, command]
 
 
 def test_transport_a_failed_checked_read_is_run_again_not_raised_from_the_prefetch(fake_host):

@@ -115,8 +115,11 @@ def probe_address(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
 
 
-def command(argv: list[str], *, purpose: str, timeout: float, check: bool) -> dict:
-    return {"op": "run", "argv": [str(a) for a in argv], "purpose": purpose, "timeout": timeout, "check": check}
+def command(argv: list[str], *, purpose: str, timeout: float, check: bool, reuse: bool = False) -> dict:
+    """`reuse`: a snapshot several providers read in one run; the transport serves its first
+    answer again until the host changes (components/remote/readcache.py)."""
+    out = {"op": "run", "argv": [str(a) for a in argv], "purpose": purpose, "timeout": timeout, "check": check}
+    return {**out, "reuse": True} if reuse else out
 
 
 def file_read(path: str) -> dict:
@@ -190,7 +193,7 @@ def serving(with_environ: bool = False) -> dict:
     """What serves on the host (status.SERVING_SCRIPT): every gpu-serving unit, its stack, state and
     main process; `with_environ`: the processes' environments too (compared, never shown)."""
     return command(["sh", "-c", status.SERVING_SCRIPT, "sh", "environ" if with_environ else "-"],
-                   purpose="reading what serves", timeout=60, check=True)
+                   purpose="reading what serves", timeout=60, check=True, reuse=True)
 
 
 BUILDERS: dict[str, Callable[[dict], list[dict]]] = {

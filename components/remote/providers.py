@@ -723,7 +723,9 @@ class ServiceProvider(ResourceProvider):
         """`superseded: <unit> (stack <name>) serves since <time>` when another gpu-serving unit
         serves in this one's place: a switch by another stack, not an edit of this one."""
         try:
-            return S.superseded_by(unit, S.parse_serving(ssh.fetch(t, reads.serving()).stdout))
+            # With the environments: the very read the switch preview makes (check), so one
+            # answer serves both, and the readiness read's (ssh.run's `reuse`).
+            return S.superseded_by(unit, S.parse_serving(ssh.fetch(t, reads.serving(with_environ=True)).stdout))
         except ssh.RemoteError:
             return None  # "not running" stays true; the drift shows either way
 

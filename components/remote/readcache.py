@@ -9,7 +9,10 @@ results wait here until the resource that makes the very same request takes them
 The rules, so that a prefetched result is never something the real read would not have seen:
 
 - a result is served to the exact same request only (same target, same command line or same
-  file path and operation), and only once (consumed on use);
+  file path and operation), and only once (consumed on use) -- except a snapshot that several
+  providers read in one run (what serves on the host, `reads.serving`): that request says
+  `reuse`, its first read is remembered (`remember`) and served again (`take(keep=True)`) under
+  every other rule here, so a switch's preview reads it once, not three times;
 - any change to the host through the transport (a file written or removed, any command not
   marked as a read, the switch lock) clears the target's results first, and results of reads
   that were in flight during a change are discarded, so nothing read before a change is ever
@@ -162,9 +165,10 @@ class ReadCache:
         self._cond.notify_all()
 
     # --- the real reads ----------------------------------------------------------------------
-    def take(self, scope: Hashable, key: Hashable) -> Any:
-        """The prefetched result of this exact request (removed: it is served once), or MISS.
-        A read still in flight is waited for, until it would be too old to serve."""
+    def take(self, scope: Hashable, key: Hashable, keep: bool = False) -> Any:
+        """The prefetched result of this exact request (removed: it is served once; `keep`: left
+        for the next take of a `reuse` request), or MISS. A read still in flight is waited for,
+        until it would be too old to serve."""
         with self._cond:
             self._touch(scope)
             e = self._entries.get((scope, key))
@@ -177,13 +181,35 @@ class ReadCache:
                 self._cond.wait(remaining)
             if self._entries.get((scope, key)) is not e:
                 return MISS  # cleared by a change, or failed
-            del self._entries[(scope, key)]
-            if e.state != "done" or self._changing.get(scope) or e.started is None \
-                    or self._clock() - e.started > self.max_age:
+            usable = e.state == "done" and not self._changing.get(scope) and e.started is not None \
+                and self._clock() - e.started <= self.max_age
+            if not (keep and usable):
+                del self._entries[(scope, key)]
+            if not usable:
                 self.stats["discarded"] += 1
                 return MISS
             self.stats["served"] += 1
             return e.value
+
+    def mark(self, scope: Hashable) -> tuple:
+        """Taken just before a real read of a `reuse` request starts; given back to `remember`."""
+        with self._cond:
+            return self._generation.get(scope, 0), self._clock()
+
+    def remember(self, scope: Hashable, key: Hashable, value: Any, mark: tuple) -> bool:
+        """Keep a real read's result for the next takes of the same `reuse` request: only when
+        nothing changed the host since `mark` (the read's start) and nothing is changing it, and
+        for no longer than a prefetched result (counted from the read's start)."""
+        generation, started = mark
+        with self._cond:
+            if self._generation.get(scope, 0) != generation or self._changing.get(scope) \
+                    or (scope, key) in self._entries or not _complete(value):
+                return False
+            e = _Entry(started)
+            e.state, e.value, e.started = "done", value, started
+            self._entries[(scope, key)] = e
+            self.stats["stored"] += 1
+            return True
 
     def touch(self, scope: Hashable) -> None:
         """A real read of the host ran (for the prefetch window, below)."""

@@ -491,20 +491,26 @@ def _scope(t: Target) -> tuple:
 
 
 def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes] = None,
-        timeout: Optional[float] = None, check: bool = True, secrets: Iterable[str] = (), read: bool = False) -> Result:
+        timeout: Optional[float] = None, check: bool = True, secrets: Iterable[str] = (), read: bool = False,
+        reuse: bool = False) -> Result:
     """Run a command on the host. `argv` is quoted; a str is a fixed script of ours (no settings
     inside), run by ``sh -c``. Raises `RemoteError` (or returns the result with check=False).
     `timeout` (default host.commandTimeoutSeconds) bounds the whole run of the command.
     `read`: the command only reads the host, so it may be served by a prefetch of the same
     command line (a failed one, with `check`, runs again); any other command is a change, and
-    drops what was prefetched of the host before it runs."""
+    drops what was prefetched of the host before it runs. `reuse` (a read): its result is
+    kept for the next same read of this process until the host changes (readcache.py)."""
     command = shlex.join(argv) if isinstance(argv, list) else "sh -c " + shlex.quote(argv)
     timeout = timeout or t.command_timeout
     scope = _scope(t)
+    key = (t.key, "run", command)
+    reuse = reuse and read and input is None
+    mark = None
     if read and input is None:
-        hit = prefetched.take(scope, (t.key, "run", command))
+        hit = prefetched.take(scope, key, keep=reuse)
         if hit is not readcache.MISS and not (check and hit.rc != 0):
             return hit
+        mark = prefetched.mark(scope) if reuse else None
     elif not read:
         prefetched.begin_change(scope)
     try:
@@ -515,6 +521,8 @@ def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes
         else:
             prefetched.end_change(scope)
     result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
+    if mark is not None and rc == 0:
+        prefetched.remember(scope, key, result, mark)
     if check and rc != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise RemoteError(redact(f"{purpose} on {t.label} failed (exit {rc}):\n{tail}", secrets))
@@ -695,7 +703,7 @@ def fetch(t: Target, request: dict):
     op = request["op"]
     if op == "run":
         return run(t, list(request["argv"]), purpose=request["purpose"], timeout=float(request["timeout"]),
-                   check=bool(request["check"]), read=True)
+                   check=bool(request["check"]), read=True, reuse=bool(request.get("reuse")))
     if op == "read_file":
         return read_file(t, request["path"])
     if op == "stat_mode":
