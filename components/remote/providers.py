@@ -354,8 +354,11 @@ class RemoteFileProvider(ResourceProvider):
                     if current != data or current_mode != mode:
                         _remember_replaced(t, path, current, current_mode)
                         ssh.write_file(t, path, data, mode)
-                        if props.get("reloadSystemd") and current is not None:
-                            # systemd must load the repaired file; a new unit is loaded by the service step.
+                        if props.get("reloadSystemd"):
+                            # systemd must load the repaired file, and a new one too: a unit whose
+                            # file was deleted by hand while it runs is still known to systemd, and
+                            # loading the file back on demand fails (LoadState=error, EBUSY, seen on
+                            # systemd 252) until the next daemon-reload; restarts then fail.
                             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
                 finally:
                     host_unlock(lock)
@@ -707,7 +710,15 @@ class ServiceProvider(ResourceProvider):
         head, sections = self._split_read(ssh.fetch(t, request).stdout)
         state = self._states(head, [props["unit"]])[props["unit"]]
         if state.get("LoadState") == "not-found":
-            return None
+            if state.get("ActiveState") not in S.SERVING_STATES:
+                return None
+            # Its file deleted by hand (and systemd reloaded) while it runs: systemd keeps it
+            # running, and the unit file's resource shows the deletion and writes the file back,
+            # which is the whole repair. Read as gone, the preview would promise a start of a
+            # model that the update then leaves serving. Without its file systemd cannot say
+            # whether it is enabled: the last reading stands.
+            return {"active": state.get("ActiveState") == "active", "enabled": bool(props.get("enabled", True)),
+                    "runningServer": self._running(props, state, sections)}
         return {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled",
                 "runningServer": self._running(props, state, sections)}
 

@@ -104,6 +104,28 @@ def test_disabled_unit_is_drift_and_enabled_again(deployment):
     assert is_active(d, "ep8") == "active"
 
 
+def test_unit_file_deleted_while_serving_is_written_back_without_a_restart(deployment):
+    # An operator deletes the unit file and reloads systemd while the model serves: systemd keeps
+    # the process. The preview shows the file to write back and nothing that starts or restarts
+    # the model (before: the service read as gone, "+ create"); the up writes it and systemd
+    # loads it again (not LoadState=error, which a restart would then trip on); same process.
+    d = deployment
+    unit = UNIT.format("ep8")
+    show = f"systemctl show -p MainPID -p NRestarts -p ActiveEnterTimestamp {unit}"
+    before = d.sh(show)
+    d.sh(f"rm /etc/systemd/system/{unit} && systemctl daemon-reload")
+    assert d.sh(f"systemctl show -p LoadState -p ActiveState {unit}").split() == ["LoadState=not-found", "ActiveState=active"]
+    lines = []
+    preview = d.stack("ep8").preview(refresh=True, diff=True, on_output=lines.append)
+    assert {k: v for k, v in preview.change_summary.items() if k != "same"} == {"create": 1}, preview.change_summary
+    assert "unit-file" in "\n".join(lines)
+    result = d.stack("ep8").up(refresh=True, on_output=print)
+    assert {k: v for k, v in (result.summary.resource_changes or {}).items() if k != "same"} == {"create": 1}
+    assert d.sh(f"systemctl show -p LoadState -p UnitFileState {unit}").split() == ["LoadState=loaded", "UnitFileState=enabled"]
+    assert d.sh(show) == before
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True)
+
+
 def test_second_up_changes_nothing_on_the_host(deployment):
     d = deployment
     probe = ("stat -c '%Y %a' /etc/systemd/system/" + UNIT.format("ep8") + " /etc/gpu-serving/kimi-k2.6.env; "

@@ -1,0 +1,62 @@
+"""ServiceProvider.read on recorded answers of a real host (tests/data/service-read/): what the
+refresh reports for the strategy unit, which decides whether a preview promises a start."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.core import readiness as R
+from components.remote import providers, ssh
+
+CASES = Path(__file__).parent / "data" / "service-read"
+TARGET = {"host": "192.0.2.7", "port": 22, "user": "root", "privateKey": "k", "hostKey": "ssh-ed25519 AAAA"}
+
+
+def _case(name: str) -> dict:
+    return json.loads((CASES / f"{name}.json").read_text())
+
+
+def _read(monkeypatch, props: dict, stdout: str):
+    asked = []
+
+    def fetch(t, request):
+        asked.append(request["purpose"])
+        if request["purpose"].startswith("reading the state of"):
+            return ssh.Result(0, stdout, "")
+        raise AssertionError(f"unexpected read: {request['purpose']}")
+
+    monkeypatch.setattr(ssh, "fetch", fetch)
+    result = providers.ServiceProvider().read("10.213.0.2:" + props["unit"], {**props, "connection": TARGET})
+    return result, asked
+
+
+def test_a_unit_whose_file_was_deleted_while_it_runs_still_serves(monkeypatch):
+    # Recorded: `rm` of the unit file and `systemctl daemon-reload` on a serving host. systemd
+    # keeps the process (LoadState=not-found, ActiveState=active); the refresh must not read the
+    # service as gone, or the preview promises a start (a restart of the model) that the update,
+    # once the unit file is back, never makes.
+    case = _case("unit-file-deleted-while-it-runs")
+    assert "LoadState=not-found" in case["stdout"] and "ActiveState=active" in case["stdout"]
+    for enabled in (True, False):
+        result, asked = _read(monkeypatch, {**case["props"], "enabled": enabled}, case["stdout"])
+        assert result.id is not None
+        assert result.outs["active"] is True and result.outs["runningServer"] == R.AS_DECLARED
+        assert result.outs["enabled"] is enabled  # systemd cannot say without the file: the last reading
+        assert asked == [f"reading the state of {case['props']['unit']}"]
+
+
+def test_a_unit_whose_file_is_gone_and_that_does_not_run_is_gone(monkeypatch):
+    case = _case("unit-file-deleted-while-it-runs")
+    stopped = case["stdout"].replace("ActiveState=active", "ActiveState=inactive").replace("SubState=running", "SubState=dead")
+    result, _ = _read(monkeypatch, case["props"], stopped)
+    assert result.id is None and result.outs == {}
+
+
+@pytest.mark.parametrize("file_state, enabled", [("enabled", True), ("disabled", False)])
+def test_a_loaded_unit_says_itself_whether_it_is_enabled(monkeypatch, file_state, enabled):
+    case = _case("unit-file-deleted-while-it-runs")
+    loaded = case["stdout"].replace("LoadState=not-found", "LoadState=loaded").replace("UnitFileState=\n", f"UnitFileState={file_state}\n")
+    result, _ = _read(monkeypatch, {**case["props"], "enabled": not enabled}, loaded)
+    assert result.outs["enabled"] is enabled and result.outs["runningServer"] == R.AS_DECLARED
