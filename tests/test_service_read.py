@@ -60,3 +60,27 @@ def test_a_loaded_unit_says_itself_whether_it_is_enabled(monkeypatch, file_state
     loaded = case["stdout"].replace("LoadState=not-found", "LoadState=loaded").replace("UnitFileState=\n", f"UnitFileState={file_state}\n")
     result, _ = _read(monkeypatch, {**case["props"], "enabled": not enabled}, loaded)
     assert result.outs["enabled"] is enabled and result.outs["runningServer"] == R.AS_DECLARED
+
+
+def test_the_units_own_drop_ins_are_drift_until_gone(monkeypatch):
+    # `systemctl edit` on the serving unit: its drop-in is a hand edit of the unit. The refresh
+    # reports it (the diff then plans the update that removes it); the OS's drop-ins for every
+    # service are not the unit's; once gone, the key goes too, so nothing stays to update.
+    case = _case("unit-file-deleted-while-it-runs")
+    unit = case["props"]["unit"]
+    own = f"/etc/systemd/system/{unit}.d/override.conf"
+    loaded = case["stdout"].replace("LoadState=not-found", "LoadState=loaded").replace("UnitFileState=\n", "UnitFileState=enabled\n")
+    listed = f"/usr/lib/systemd/system/service.d/10-timeout-abort.conf {own}"
+    edited = loaded.replace("NeedDaemonReload=no\n", f"NeedDaemonReload=no\nDropInPaths={listed}\n")
+    result, _ = _read(monkeypatch, case["props"], edited)
+    assert result.outs["dropIns"] == [own] and result.inputs["dropIns"] == [own]
+    assert result.outs["runningServer"] == R.AS_DECLARED  # not restarted since: the process runs as declared
+    # The engine diffs the outputs it stored against what the program declares.
+    declared = {**{k: v for k, v in case["props"].items() if k not in ("previous", "readinessReport", "runningServer")},
+                "connection": TARGET}
+    provider = providers.ServiceProvider()
+    assert provider.diff("id", result.outs, declared).changes is True
+    # The next reading, after the up removed it: no key, no change left.
+    again, _ = _read(monkeypatch, result.outs, loaded)
+    assert "dropIns" not in again.outs and "dropIns" not in again.inputs
+    assert provider.diff("id", again.outs, declared).changes is False

@@ -78,3 +78,14 @@ def test_a_destroy_preview_warns_only_when_the_stack_serves():
     for outputs in ({"active": False}, {"active": True, "runningServer": "superseded: x.service (stack tp8) serves"},
                     {}, None, {"active": "true"}):
         assert S.destroy_warning(unit="u.service", stack="ep8", where="h", outputs=outputs) is None, outputs
+
+
+def test_what_serves_lists_each_units_own_drop_ins():
+    # `systemctl edit` on tp8; the OS's drop-in for every service is not a hand edit of it.
+    case = dict(cases("status"))["switch-tp8-to-ep8"]
+    own = "/etc/systemd/system/sglang-kimi-k2.6-tp8.service.d/override.conf"
+    listed = f"/usr/lib/systemd/system/service.d/10-timeout-abort.conf {own}"
+    stdout = case["stdout"].replace("MainPID=77\n", f"MainPID=77\nDropInPaths={listed}\n", 1)
+    host = S.parse_serving(stdout)
+    assert host.unit("sglang-kimi-k2.6-tp8.service").drop_ins == [own]
+    assert all(u.drop_ins == [] for u in S.parse_serving(case["stdout"]).units)

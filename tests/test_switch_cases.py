@@ -9,6 +9,7 @@ from components.core.switch import (
     MANAGED_UNITS_SCRIPT,
     Step,
     foreign_listener,
+    own_drop_ins,
     parse_managed_units,
     plan,
     why_restart,
@@ -55,7 +56,11 @@ def test_plan_invariants(name, case):
     p, unit = _plan(case), case["declared"]["unit"]
     kinds = [s.action for s in p.steps]
     assert all(s.action in ACTIONS for s in p.steps + p.on_failure)
-    assert kinds.count("daemon-reload") <= 1 and kinds[1:].count("daemon-reload") == 0
+    # One reload at most, first or right after the unit's drop-ins went (which always reload).
+    lead = kinds.count("remove-drop-ins")
+    assert kinds[:lead] == ["remove-drop-ins"] * lead and lead <= 1
+    assert kinds.count("daemon-reload") <= 1 and kinds[lead + 1:].count("daemon-reload") == 0
+    assert not lead or kinds[lead] == "daemon-reload"
     assert all(s.units == (unit,) for s in p.steps if s.action in ("enable", "start", "restart"))
     assert all(unit not in s.units for s in p.steps if s.action == "disable")
     if p.starts:
@@ -115,3 +120,31 @@ def test_the_script_finds_units_by_marker_and_by_the_older_header():
     # The units written before the marker carry only the header; both must be found.
     assert f"'^{MARKER_KEY}='" in MANAGED_UNITS_SCRIPT
     assert "'^# Managed by gpu-serving [(]stack '" in MANAGED_UNITS_SCRIPT
+
+
+UNIT = "sglang-kimi-k2.6-ep8.service"
+
+
+@pytest.mark.parametrize("path, own", [
+    (f"/etc/systemd/system/{UNIT}.d/override.conf", True),            # systemctl edit
+    (f"/run/systemd/system/{UNIT}.d/override.conf", True),            # systemctl edit --runtime
+    (f"/etc/systemd/system.control/{UNIT}.d/50-CPUQuota.conf", True),  # systemctl set-property
+    (f"/run/systemd/system.control/{UNIT}.d/50-MemoryMax.conf", True),
+    ("/usr/lib/systemd/system/service.d/10-timeout-abort.conf", False),  # the OS's, for every service
+    ("/etc/systemd/system/service.d/site.conf", False),                  # the site's, for every service
+    ("/etc/systemd/system/sglang-.service.d/site.conf", False),          # every sglang- unit
+    (f"/usr/lib/systemd/system/{UNIT}.d/vendor.conf", False),            # not under /etc or /run
+    ("/etc/systemd/system/sglang-kimi-k2.6-tp8.service.d/override.conf", False),  # another strategy's
+    (f"/etc/systemd/system/{UNIT}.d/notes.txt", False),              # systemd reads only *.conf
+    (f"/etc/systemd/system/{UNIT}.d/../{UNIT}.d/x.conf", False),
+    (f"{UNIT}.d/override.conf", False),                              # never a relative path
+])
+def test_own_drop_ins_are_the_units_own_under_etc_or_run(path, own):
+    assert own_drop_ins(UNIT, path) == ([path] if own else [])
+
+
+def test_own_drop_ins_reads_systemctls_space_separated_list():
+    a, b = f"/etc/systemd/system/{UNIT}.d/a.conf", f"/etc/systemd/system/{UNIT}.d/b.conf"
+    listed = f"/usr/lib/systemd/system/service.d/10-timeout-abort.conf {b} {a} {a}"
+    assert own_drop_ins(UNIT, listed) == [a, b]
+    assert own_drop_ins(UNIT, "") == []

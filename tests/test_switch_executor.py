@@ -27,6 +27,16 @@ class Host:
         self.fail = fail  # the unit whose readiness fails
         self.rollback_fails = rollback_fails  # and the unit started again after it fails too
         self.changes: list[str] = []
+        # The target unit's own drop-ins (DropInPaths), each with its own text.
+        unit = case["declared"]["unit"]
+        self.files = {p: f"[Service]\n# {p}\n".encode()
+                      for p in switch.own_drop_ins(unit, self.units.get(unit, {}).get("DropInPaths", ""))}
+
+    def read_file(self, t, path):
+        return self.files.get(path)
+
+    def stat_mode(self, t, path):
+        return 0o644 if path in self.files else None
 
     def run(self, t, command, input, timeout, purpose):
         argv = shlex.split(command)
@@ -55,6 +65,9 @@ class Host:
                 return 0, b"{ path=/opt/venv/bin/python ; argv[]=python -m sglang.launch_server --host 0.0.0.0 --port 30000 }\n", b""
             unit = argv[-1]
             return 0, f"Id={unit}\nActiveState=active\nUnitFileState=enabled\n".encode(), b""
+        if argv[:4] == ["sh", "-c", switch.REMOVE_DROP_INS_SCRIPT, "sh"] and all(p in self.files for p in argv[4:]):
+            self.changes.append(" ".join(["remove-drop-ins", *argv[4:]]))
+            return 0, b"", b""
         if argv[0] == "systemctl" and argv[1] in ("daemon-reload", "stop", "enable", "disable"):
             self.changes.append(" ".join(a for a in argv[1:] if a != "--quiet"))
             return 0, b"", b""
@@ -82,6 +95,8 @@ def run_switch(monkeypatch):
         host = Host(case, fail, rollback_fails)
         monkeypatch.setattr(ssh, "_run", host.run)
         monkeypatch.setattr(ssh, "_write_file", host.write)
+        monkeypatch.setattr(ssh, "read_file", host.read_file)
+        monkeypatch.setattr(ssh, "stat_mode", host.stat_mode)
         monkeypatch.setattr(probe, "wait_ready", host.wait_ready)
         planned = []
         real_plan = switch.plan
@@ -139,16 +154,18 @@ def test_a_failed_start_runs_exactly_the_plans_on_failure(run_switch, name, case
     plan, changes, outs, error, left = run_switch(case, fail=unit, replaced=True)
     at = plan.steps.index(plan.starts) + 1
     undo = []
+    # What the run replaced or removed: the shared file, and the unit's drop-ins it took away.
+    replaced = {REPLACED: "NCCL_ALGO=Ring\n 0o640", **{p: f"[Service]\n# {p}\n 0o644" for p in Host(case).files}}
     for step in plan.on_failure:
-        # restore-files: the replaced file byte for byte with its mode, then systemd reads it again.
-        undo += [f"write {REPLACED} NCCL_ALGO=Ring\n 0o640", "daemon-reload"] if step.action == "restore-files" \
+        # restore-files: each file byte for byte with its mode, then systemd reads them again.
+        undo += [f"write {p} {replaced[p]}" for p in sorted(replaced)] + ["daemon-reload"] if step.action == "restore-files" \
             else [str(step)]
     # Nothing of the plan after the start runs (the failed unit is never enabled).
     assert changes == [str(s) for s in plan.steps[:at]] + undo
     assert isinstance(error, providers.DeployError)
     message = str(error)
     assert message.startswith(f"readiness: {R.CRASHED}: it exited")
-    assert f"Put back as they were: {REPLACED}." in message and "CUDA out of memory" in message
+    assert f"Put back as they were: {', '.join(sorted(replaced))}." in message and "CUDA out of memory" in message
     if plan.rollback_to:
         assert f"Rolled back: restarted {plan.rollback_to}" in message
     else:

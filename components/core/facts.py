@@ -119,6 +119,7 @@ UNIT_PROPERTIES = (
     "MainPID", "NRestarts", "SubState", "Result", "ExecMainStatus",
     "ActiveEnterTimestamp",  # shown as "since" (status)
     "ActiveEnterTimestampMonotonic",  # the uptime, against /proc/uptime (status)
+    "DropInPaths",  # drop-ins that change the unit (`systemctl edit` makes one): hand edits (unit.own_drop_ins)
 )
 # The options that ask for them, for a script (`systemctl show $SHOW_OPTIONS -- unit...`).
 SHOW_OPTIONS = " ".join(f"-p {p}" for p in UNIT_PROPERTIES)

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from .facts import SHOW_OPTIONS
 from .readiness import flag_groups
-from .unit import MARKER_KEY, UNIT_DIR
+from .unit import MARKER_KEY, UNIT_DIR, own_drop_ins
 
 SUPERSEDED = "superseded: "
 
@@ -68,6 +68,7 @@ class HostUnit:
     uptime_seconds: Optional[float]
     argv: list[str] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
+    drop_ins: list[str] = field(default_factory=list)  # its own (`systemctl edit`): hand edits
 
     @property
     def serving(self) -> bool:
@@ -143,7 +144,8 @@ def parse_serving(stdout: str) -> HostServing:
         units.append(HostUnit(name=b["@name"], stack=b.get("Stack", ""), active_state=b.get("ActiveState", "unknown"),
                               sub_state=b.get("SubState", ""), enabled=b.get("UnitFileState") == "enabled",
                               main_pid=pid, since=b.get("ActiveEnterTimestamp", ""), uptime_seconds=uptime,
-                              argv=_nul_split(b.get("Cmdline", "")) if pid else [], environ=environ if pid else {}))
+                              argv=_nul_split(b.get("Cmdline", "")) if pid else [], environ=environ if pid else {},
+                              drop_ins=own_drop_ins(b["@name"], b.get("DropInPaths", ""))))
     return HostServing(units, manager)
 
 

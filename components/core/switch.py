@@ -18,7 +18,7 @@ from .facts import split_sections
 from .readiness import AS_DECLARED, NOT_RUNNING
 from .reads import SERVICE_PROPS
 from .status import is_superseded
-from .unit import MARKER_KEY, UNIT_DIR
+from .unit import MARKER_KEY, UNIT_DIR, own_drop_ins
 
 # Units written before the marker key carry only this header; both are recognised.
 MANAGED_HEADER = "# Managed by gpu-serving (stack "
@@ -62,8 +62,12 @@ def parse_managed_units(stdout: str) -> dict[str, dict[str, str]]:
 #   crash loop: StartLimitBurst would refuse the 4th switch within StartLimitIntervalSec), then
 #   waits for readiness, a real generation; when it fails, the plan's `on_failure` runs;
 # - enable <unit> / disable <units>: the serving strategy, and only it, comes back after a reboot;
-# - restore-files: the files this run replaced go back byte for byte (then daemon-reload when any).
-ACTIONS = ("daemon-reload", "stop", "start", "restart", "enable", "disable", "restore-files")
+# - restore-files: the files this run replaced go back byte for byte (then daemon-reload when any);
+# - remove-drop-ins <paths>: the unit's own drop-ins go (kept for restore-files), before the reload.
+ACTIONS = ("daemon-reload", "stop", "start", "restart", "enable", "disable", "restore-files", "remove-drop-ins")
+
+# $@: the drop-ins to remove (own_drop_ins); their directory goes too when nothing else is left in it.
+REMOVE_DROP_INS_SCRIPT = 'rm -f -- "$@" || exit; for f; do rmdir -- "${f%/*}" 2>/dev/null; done; exit 0'
 
 
 @dataclass(frozen=True)
@@ -119,14 +123,25 @@ def plan(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active: 
     them; {} when systemd does not know it); `restart`: the declared configuration changed since
     the unit last started (`why_restart`); `port_holder`: a process that holds the serving port and
     is not one of these units (`foreign_listener`); `host`: the host's label, for the messages."""
+    p = _plan(unit, units, restart=restart, active=active, enabled=enabled, port_holder=port_holder, port=port, host=host)
+    drop_ins = next((s.units for s in p.steps if s.action == "remove-drop-ins"), ())
+    if drop_ins:
+        p.reason += f"; its drop-ins (hand edits of the unit) removed: {', '.join(drop_ins)}"
+    return p
+
+
+def _plan(unit: str, units: dict[str, dict[str, str]], *, restart: bool, active: bool, enabled: bool,
+          port_holder: Optional[str], port: Optional[int], host: str) -> SwitchPlan:
     if port_holder:
         return SwitchPlan(unit, [], f"port {port} is held by {port_holder}, not a gpu-serving strategy unit", refused=(
             f"port {port} on {host} is held by {port_holder}, which is not a gpu-serving strategy unit; "
             f"refusing to switch (nothing was stopped). Free the port or set gpu-serving:serving.port."))
     own = units.get(unit, {})
-    # The unit file changed since systemd read it, or systemd does not know the unit yet.
-    reload = own.get("NeedDaemonReload") == "yes" or own.get("LoadState") in (None, "not-found")
-    steps = [Step("daemon-reload")] if reload else []
+    drop_ins = own_drop_ins(unit, own.get("DropInPaths", ""))
+    # The unit file changed since systemd read it, or systemd does not know the unit yet, or its
+    # drop-ins go.
+    reload = own.get("NeedDaemonReload") == "yes" or own.get("LoadState") in (None, "not-found") or bool(drop_ins)
+    steps = ([Step("remove-drop-ins", tuple(drop_ins))] if drop_ins else []) + ([Step("daemon-reload")] if reload else [])
     enable = [Step("enable", (unit,))] if enabled and own.get("UnitFileState") != "enabled" else []
     if not active:
         # Enabled first: a stopped unit declared enabled comes back after a reboot.

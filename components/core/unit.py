@@ -287,3 +287,23 @@ def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None
     ]
     _check_emitted(lines, f"the unit {shown(name)}")
     return RenderedUnit(name, "\n".join(lines) + "\n", argv, conflicts, environment_path(settings))
+
+
+# Where `systemctl edit` (and `edit --runtime`, `set-property`) put a unit's drop-ins: a directory
+# named after the unit under /etc or /run. Such a file is a hand edit of the unit as much as an
+# edit of its file (the declared unit is the whole unit), and a restart would bring it back: the
+# switch removes it, and a failed switch puts it back with the other files it replaced.
+DROP_IN_ROOTS = ("/etc/systemd/", "/run/systemd/")
+
+
+def own_drop_ins(unit: str, drop_in_paths: str) -> list[str]:
+    """The drop-ins among `systemctl show -p DropInPaths` that belong to `unit` alone (its
+    `<unit>.d` directory under /etc or /run); drop-ins for every service, or shipped with the
+    OS, are not the unit's."""
+    out = set()
+    for path in drop_in_paths.split():
+        parent, _, name = path.rpartition("/")
+        if path.startswith(DROP_IN_ROOTS) and parent.rpartition("/")[2] == f"{unit}.d" and name.endswith(".conf") \
+                and not any(part in ("", ".", "..") for part in path[1:].split("/")):
+            out.add(path)
+    return sorted(out)

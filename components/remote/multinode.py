@@ -278,8 +278,10 @@ class MultiNodeServiceProvider(ServiceProvider):
     @classmethod
     def _together(cls, lives: list[tuple[dict, Optional[dict]]]) -> dict:
         """The ranks as one service: active and enabled when every rank is, and what they run."""
-        return {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
-                "runningServer": cls._ranks_running(lives)}
+        together = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
+                    "runningServer": cls._ranks_running(lives)}
+        drop_ins = [f"{node['hostEntry']}:{path}" for node, v in lives if v for path in v.get("dropIns", [])]
+        return {**together, "dropIns": drop_ins} if drop_ins else together
 
     @staticmethod
     def _ranks_running(lives: list[tuple[dict, Optional[dict]]]) -> str:
@@ -298,6 +300,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         if all(live is None for _, live in lives):
             return ReadResult(id_=None, outs={})
         live = self._together(lives)
+        props = {k: v for k, v in props.items() if k != "dropIns"}  # the last reading's
         inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
 

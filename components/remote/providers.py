@@ -65,6 +65,10 @@ def _remember_replaced(t: ssh.Target, path: str, data: Optional[bytes], mode: Op
         _REPLACED.setdefault(t.key, {}).setdefault(path, (data, mode))
 
 
+def _without_drop_ins(props: dict) -> dict:
+    return {k: v for k, v in props.items() if k != "dropIns"}
+
+
 def _take_replaced(t: ssh.Target) -> dict[str, tuple[Optional[bytes], Optional[int]]]:
     with _REPLACED_LOCK:
         return _REPLACED.pop(t.key, {})
@@ -488,20 +492,26 @@ class ServiceProvider(ResourceProvider):
             raise ssh.RemoteError(plan.refused)
         if plan.progress:
             _progress(f"{_who(props)}{unit}: {plan.progress}")
+        # The unit's drop-ins go first (before the reload that follows them), while it still serves.
+        steps = [s for s in plan.steps if s.action != "remove-drop-ins"]
+        for step in plan.steps:
+            if step.action == "remove-drop-ins":
+                _progress(f"{_who(props)}{unit}: removing its drop-ins (hand edits of the unit): {', '.join(step.units)}")
+                self._do(t, step, unit)
         report = None
-        after = plan.steps
+        after = steps
         if plan.starts:
             # The steps before the start (daemon-reload, then the stop of what serves) and the start
             # in one round trip: the GPUs are idle only from the stop to the new server's start.
-            at = plan.steps.index(plan.starts)
-            since, baseline = probe.start(t, unit, plan.starts.action, before=plan.steps[:at])
+            at = steps.index(plan.starts)
+            since, baseline = probe.start(t, unit, plan.starts.action, before=steps[:at])
             report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                       settings=props.get("readiness") or {}, since=since, baseline=baseline,
                                       progress=lambda m: _progress(_who(props) + m))
             if report.status != R.READY:
                 self._fail(t, props, report, plan, since)
             _remember_check(t, unit, report.as_dict())
-            after = plan.steps[at + 1:]
+            after = steps[at + 1:]
         # The rest (enable it, disable the others) and the read of what it runs now: one round trip.
         live = probe.run_steps(t, unit, after)
         _take_replaced(t)  # kept: nothing to put back
@@ -519,6 +529,12 @@ class ServiceProvider(ResourceProvider):
                     timeout=180 if step.units == (unit,) else 240, check=check)
         elif step.action in ("enable", "disable"):
             ssh.run(t, ["systemctl", step.action, "--quiet", *step.units], purpose=f"{step.action[:-1]}ing {names}",
+                    timeout=60, check=check)
+        elif step.action == "remove-drop-ins":
+            for path in step.units:
+                # What was there goes back if the switch fails (restore-files), like a replaced file.
+                _remember_replaced(t, path, ssh.read_file(t, path), ssh.stat_mode(t, path))
+            ssh.run(t, ["sh", "-c", switch.REMOVE_DROP_INS_SCRIPT, "sh", *step.units], purpose=f"removing the drop-ins {names}",
                     timeout=60, check=check)
         else:
             raise ValueError(f"switch step {step} is not a systemctl step")
@@ -719,8 +735,12 @@ class ServiceProvider(ResourceProvider):
             # whether it is enabled: the last reading stands.
             return {"active": state.get("ActiveState") == "active", "enabled": bool(props.get("enabled", True)),
                     "runningServer": self._running(props, state, sections)}
-        return {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled",
+        live = {"active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled",
                 "runningServer": self._running(props, state, sections)}
+        # Drop-ins of the unit (`systemctl edit`): hand edits, drift until an up removes them. The
+        # key only when there are some, so a state without any reads as before.
+        drop_ins = switch.own_drop_ins(props["unit"], state.get("DropInPaths", ""))
+        return {**live, "dropIns": drop_ins} if drop_ins else live
 
     def _running_now(self, props: dict) -> str:
         """After a start: what the process runs, read back rather than assumed."""
@@ -747,6 +767,7 @@ class ServiceProvider(ResourceProvider):
             return ReadResult(id_=None, outs={})
         if live["runningServer"] == R.NOT_RUNNING:
             live["runningServer"] = self._superseded(t, props["unit"]) or R.NOT_RUNNING
+        props = _without_drop_ins(props)  # the last reading's: this one says whether there are any
         outs = {**props, **live}
         kept = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs=outs, inputs={**kept, **live})
@@ -760,7 +781,7 @@ class ServiceProvider(ResourceProvider):
         # execStart as an argv: a state written before it was one line holds the same list.
         olds, news = {**olds, "execStart": _argv(olds.get("execStart"))}, {**news, "execStart": _argv(news.get("execStart"))}
         changed = _changed(olds, news, ["unit", "configHash", "declared", "port", "bind", "active", "enabled",
-                                        "connection", "runningServer", "execStart", "environment"])
+                                        "connection", "runningServer", "execStart", "environment", "dropIns"])
         if olds.get("readinessReport") is None:
             changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         if olds.get("switchFailure"):

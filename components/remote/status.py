@@ -127,6 +127,8 @@ def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, Ser
     for stack, plan, secrets in stacks:
         on_host = host.unit(plan.unit.name)
         drift = _stack_files(t, plan, secrets)
+        if on_host is not None and on_host.drop_ins:
+            drift.append("drop-ins (hand edits of the unit; an up removes them): " + ", ".join(on_host.drop_ins))
         if on_host is not None and on_host.serving and on_host.argv:
             running = R.compare_running(plan.unit.exec_start, {}, {}, on_host.argv, {}, {})
             if running:

@@ -126,6 +126,53 @@ def test_unit_file_deleted_while_serving_is_written_back_without_a_restart(deplo
     d.stack("ep8").preview(refresh=True, expect_no_changes=True)
 
 
+def _environ(d, unit: str) -> str:
+    return d.sh(f"tr '\\0' '\\n' < /proc/$(systemctl show -p MainPID --value {unit})/environ")
+
+
+def test_a_drop_in_is_drift_and_the_up_removes_it_instead_of_restarting_into_it_again(deployment):
+    # `systemctl edit` on the serving unit, then a restart: the server runs a variable nobody
+    # declared. Before: the up restarted the unit, the drop-in set it again, and every later
+    # preview and up found the same drift (a model restart per up, for ever). Now the drop-in is
+    # drift itself, and the up removes it before the restart.
+    d = deployment
+    unit = UNIT.format("ep8")
+    drop_in = f"/etc/systemd/system/{unit}.d/override.conf"
+    d.sh(f"mkdir -p /etc/systemd/system/{unit}.d && printf '[Service]\\nEnvironment=SGLANG_ENABLE_TORCH_COMPILE=1\\n' > {drop_in}"
+         f" && systemctl daemon-reload && systemctl restart {unit}")
+    assert "SGLANG_ENABLE_TORCH_COMPILE=1" in _environ(d, unit)
+    lines = []
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    text = "\n".join(lines) + str(info.value)
+    assert "dropIns" in text and drop_in in text and "SGLANG_ENABLE_TORCH_COMPILE=1 set, not declared" in text, text[-3000:]
+    result = d.stack("ep8").up(refresh=True, on_output=print)
+    assert result.outputs["readiness"].value["status"] == "ready"
+    assert d.sh(f"test -e {drop_in} && echo kept || echo gone").strip() == "gone"
+    assert "SGLANG_ENABLE_TORCH_COMPILE" not in _environ(d, unit)
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True)  # converged: nothing left to restart
+
+
+def test_a_drop_in_that_never_ran_is_removed_without_a_restart(deployment):
+    d = deployment
+    unit = UNIT.format("ep8")
+    drop_in = f"/run/systemd/system/{unit}.d/override.conf"  # `systemctl edit --runtime`
+    d.sh(f"mkdir -p /run/systemd/system/{unit}.d && printf '[Unit]\\nDescription=edited by hand\\n' > {drop_in}"
+         " && systemctl daemon-reload")
+    show = f"systemctl show -p MainPID -p NRestarts -p ActiveEnterTimestamp {unit}"
+    before = d.sh(show)
+    lines = []
+    preview = d.stack("ep8").preview(refresh=True, diff=True, on_output=lines.append)
+    # The service (its drop-in to remove) and its readiness check after it; nothing created or replaced.
+    assert {k: v for k, v in preview.change_summary.items() if k != "same"} == {"update": 2}, preview.change_summary
+    assert drop_in in "\n".join(lines)
+    d.stack("ep8").up(refresh=True, on_output=print)
+    assert d.sh(f"test -e {drop_in} && echo kept || echo gone").strip() == "gone"
+    assert d.sh(f"systemctl show -p Description --value {unit}").strip() != "edited by hand"
+    assert d.sh(show) == before
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True)
+
+
 def test_second_up_changes_nothing_on_the_host(deployment):
     d = deployment
     probe = ("stat -c '%Y %a' /etc/systemd/system/" + UNIT.format("ep8") + " /etc/gpu-serving/kimi-k2.6.env; "

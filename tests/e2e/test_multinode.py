@@ -14,7 +14,9 @@ from .conftest import FAST_ENV, FAST_READINESS, make_deployment
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
 UNIT = "sglang-kimi-k2.6-{}.service"
-DROP_IN = "/etc/systemd/system/" + UNIT.format("tp16x2") + ".d"
+# Under /usr/lib, where packages put drop-ins: a switch removes the unit's own drop-ins under /etc
+# and /run (hand edits, switch.own_drop_ins), which would take the injected fault away.
+DROP_IN = "/usr/lib/systemd/system/" + UNIT.format("tp16x2") + ".d"
 
 
 @pytest.fixture(scope="module")
