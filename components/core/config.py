@@ -885,6 +885,7 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
     hosts = _parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
     router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors)
     _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, router, errors)
+    _check_ssh_ports(sections.get("host"), sections.get("serving"), sections.get("strategy"), hosts, router, errors)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
     return StackSettings(stack=stack, hosts=hosts, router=router, **sections)
@@ -988,6 +989,36 @@ def _check_nodes(strategy, serving, hosts: tuple, router, errors: list[SettingEr
     if port is not None and port == strategy.dist_init_port:
         errors.append(SettingError(f"{where}.distInitPort", f"{port} is serving.port too: rank 0 listens on both",
                                    "another port, e.g. distInitPort: 20000"))
+
+
+def _check_ssh_ports(host, serving, strategy, hosts: tuple, router, errors: list[SettingError]) -> None:
+    """A port a server of ours listens on is never the SSH port of its machine: sshd holds it, so
+    the server could not start, and the switch would find the port taken only after writing the
+    unit. Checked here, before anything reaches a host. (A rehearsal host's SSH port is its own.)"""
+    machines = [(f"hosts[{i}].port, {h.name}'s SSH port", h) for i, h in enumerate(hosts)] if hosts else \
+        [("host.port, the host's SSH port", host)]
+    port = getattr(serving, "port", None)
+    for what, m in machines:
+        if m is not None and m.address and port is not None and port == m.port:
+            errors.append(SettingError(f"{NAMESPACE}:serving.port", f"{port} is {what}: sshd listens there, so the server "
+                                       "could not", "another port, e.g. 30000"))
+    dist = getattr(strategy, "dist_init_port", None) if strategy is not None and hosts and (
+        strategy.nodes is not None or strategy.nnodes not in (None, 1)) else None
+    if dist is not None:
+        first = (strategy.nodes or [hosts[0].name])[0]
+        rank0 = next((h for h in hosts if h.name == first), None)
+        if rank0 is not None and rank0.address and rank0.port == dist:
+            errors.append(SettingError(f"{NAMESPACE}:strategy.distInitPort", f"{dist} is the SSH port of rank 0 ({rank0.name}): "
+                                       "sshd listens there, the rendezvous could not", "another port, e.g. distInitPort: 20000"))
+    if router is not None:
+        if router.host is not None:
+            machine, where = router.host, "router.host"
+        else:
+            machine = next((h for h in hosts if h.name == router.runs_on), None)
+            where = f"{router.runs_on}, where it runs"
+        if machine is not None and machine.address and router.port == machine.port:
+            errors.append(SettingError(f"{NAMESPACE}:router.port", f"{router.port} is the SSH port of {where}: sshd listens there",
+                                       "another port, e.g. 30080"))
 
 
 def _validation_errors(section: str, exc: ValidationError, where=None) -> list[SettingError]:
