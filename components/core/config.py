@@ -916,15 +916,17 @@ def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError]) -
                                        f"one of {', '.join(names)}, or host: a machine of its own"))
             return None
         port = getattr(serving, "port", None)
-        if port is not None and router.port == port:
-            errors.append(SettingError(f"{where}.port", f"{router.port} is serving.port, the port {router.runs_on}'s server listens on",
-                                       "another port, e.g. 30080"))
+        for key, value, hint in (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000")):
+            if port is not None and value == port:
+                errors.append(SettingError(f"{where}.{key}", f"{value} is serving.port, the port {router.runs_on}'s server listens on",
+                                           f"another port, e.g. {hint}"))
     else:
         mine = router.host.machine
         for h in hosts:
-            if h.machine == mine and getattr(serving, "port", None) == router.port:
-                errors.append(SettingError(f"{where}.port", f"{router.port} is serving.port on {h.name}, the same machine",
-                                           "another port, e.g. 30080"))
+            for key, value, hint in (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000")):
+                if h.machine == mine and getattr(serving, "port", None) == value:
+                    errors.append(SettingError(f"{where}.{key}", f"{value} is serving.port on {h.name}, the same machine",
+                                               f"another port, e.g. {hint}"))
     return router
 
 
@@ -1016,9 +1018,10 @@ def _check_ssh_ports(host, serving, strategy, hosts: tuple, router, errors: list
         else:
             machine = next((h for h in hosts if h.name == router.runs_on), None)
             where = f"{router.runs_on}, where it runs"
-        if machine is not None and machine.address and router.port == machine.port:
-            errors.append(SettingError(f"{NAMESPACE}:router.port", f"{router.port} is the SSH port of {where}: sshd listens there",
-                                       "another port, e.g. 30080"))
+        for key, value, hint in (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000")):
+            if machine is not None and machine.address and value == machine.port:
+                errors.append(SettingError(f"{NAMESPACE}:router.{key}", f"{value} is the SSH port of {where}: sshd listens there",
+                                           f"another port, e.g. {hint}"))
 
 
 def _validation_errors(section: str, exc: ValidationError, where=None) -> list[SettingError]:
