@@ -395,7 +395,7 @@ def test_refresh_reads_are_what_the_providers_build_for_the_registered_props(sta
     specs = registered["host-facts"]["prefetch"]
     expected = _builders_for(registered, "")
     assert reads.expand(specs) == expected
-    assert len(expected) == 8  # cuda, venv, 2 x (file, mode), service, readiness
+    assert len(expected) == 10  # cuda, venv, 2 x (file, mode, owner), service, readiness
     # Plain data: JSON as it is, and nothing of the connection or the secrets in it.
     text = json.dumps(specs)
     assert json.loads(text) == specs and "privateKey" not in text and "connection" not in text

@@ -12,7 +12,8 @@ A request is a dict:
   read-only command (an argv list; a script is one of the constant scripts below or of
   facts/cuda/venv, with the values as its arguments);
 - ``{"op": "read_file", "path": p}``: the file's bytes (None when it does not exist), by SFTP;
-- ``{"op": "stat_mode", "path": p}``: its permission bits (None when it does not exist).
+- ``{"op": "stat_mode", "path": p}``: its permission bits (None when it does not exist);
+- ``{"op": "stat_owner", "path": p}``: its owner, "uid:gid" (None when it does not exist).
 
 What the program hands to the provider is a list of *specs*, ``{"kind": ..., "props": {...}}``
 (a resource kind of `BUILDERS` and the props its builder needs): the provider process turns them
@@ -130,6 +131,10 @@ def file_mode(path: str) -> dict:
     return {"op": "stat_mode", "path": str(path)}
 
 
+def file_owner(path: str) -> dict:
+    return {"op": "stat_owner", "path": str(path)}
+
+
 # --- the requests, by what they read --------------------------------------------------------
 
 def unit_states(units: list[str]) -> dict:
@@ -174,8 +179,8 @@ def python_venv(props: dict) -> list[dict]:
 
 
 def remote_file(props: dict) -> list[dict]:
-    """RemoteFileProvider: the file's bytes, then its mode."""
-    return [file_read(props["path"]), file_mode(props["path"])]
+    """RemoteFileProvider: the file's bytes, its mode, its owner."""
+    return [file_read(props["path"]), file_mode(props["path"]), file_owner(props["path"])]
 
 
 def service(props: dict) -> list[dict]:

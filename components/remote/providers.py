@@ -65,6 +65,12 @@ def _remember_replaced(t: ssh.Target, path: str, data: Optional[bytes], mode: Op
         _REPLACED.setdefault(t.key, {}).setdefault(path, (data, mode))
 
 
+def _foreign_owner(t: ssh.Target, owner: Optional[str]) -> bool:
+    """A file of ours (written as root) that belongs to someone else now. Only over a root login:
+    another login writes its files as itself."""
+    return t.user == "root" and owner is not None and owner != "0:0"
+
+
 def _without_drop_ins(props: dict) -> dict:
     return {k: v for k, v in props.items() if k != "dropIns"}
 
@@ -347,7 +353,7 @@ class RemoteFileProvider(ResourceProvider):
         data = self._full(props)
         path = props["path"]
         mode = int(props.get("mode", "0644"), 8)
-        if ssh.read_file(t, path) != data or ssh.stat_mode(t, path) != mode:
+        if ssh.read_file(t, path) != data or ssh.stat_mode(t, path) != mode or _foreign_owner(t, ssh.stat_owner(t, path)):
             # Under the host lock, like the switch it belongs to: never between another switch's
             # stop and start, nor under its rollback. What it replaces is kept for this run's
             # switch to put back if that fails (_REPLACED).
@@ -355,7 +361,8 @@ class RemoteFileProvider(ResourceProvider):
                 lock = host_lock(t, LOCK_WAIT_SECONDS)
                 try:
                     current, current_mode = ssh.read_file(t, path), ssh.stat_mode(t, path)
-                    if current != data or current_mode != mode:
+                    # A new file (written beside it, then renamed over it) is root's again.
+                    if current != data or current_mode != mode or _foreign_owner(t, ssh.stat_owner(t, path)):
                         _remember_replaced(t, path, current, current_mode)
                         ssh.write_file(t, path, data, mode)
                         if props.get("reloadSystemd"):
@@ -380,10 +387,11 @@ class RemoteFileProvider(ResourceProvider):
 
     def read(self, id, props):
         t = _require_target(props)
-        content_request, mode_request = self.read_requests(props)
+        content_request, mode_request, owner_request = self.read_requests(props)
         data = ssh.fetch(t, content_request)
         if data is None:
             return ReadResult(id_=None, outs={})  # gone: the engine plans to create it again
+        props = {k: v for k, v in props.items() if k != "owner"}  # the last reading's; this read says it anew
         text = data.decode(errors="replace")
         secret_lines = "".join(f'{k}="{v}"\n' for k, v in sorted((props.get("secretEnvironment") or {}).items()))
         if secret_lines and text.endswith(secret_lines):
@@ -394,13 +402,18 @@ class RemoteFileProvider(ResourceProvider):
         mode = ssh.fetch(t, mode_request)
         state = {**props, "content": text, "mode": f"{mode:04o}" if mode is not None else props.get("mode"),
                  "sha256": hashlib.sha256(data).hexdigest()}
+        owner = ssh.fetch(t, owner_request)
+        if _foreign_owner(t, owner):
+            # Given to another user by hand: it may read a secret or edit what root runs. The key
+            # only then, so a state of root's files reads as before.
+            state["owner"] = owner
         if secret_lines and not data.decode(errors="replace").endswith(secret_lines):
             state["secretEnvironment"] = {k: "[edited on host]" for k in props.get("secretEnvironment") or {}}
-        return ReadResult(id_=id, outs=state, inputs={k: state[k] for k in props if k in state})
+        return ReadResult(id_=id, outs=state, inputs={k: state[k] for k in [*props, "owner"] if k in state})
 
     def diff(self, id, olds, news):
         replaces = ["path"] if olds.get("path") != news.get("path") else []
-        changed = _changed(olds, news, ["path", "content", "mode", "secretEnvironment", "connection"])
+        changed = _changed(olds, news, ["path", "content", "mode", "secretEnvironment", "connection", "owner"])
         return DiffResult(changes=bool(changed), replaces=replaces, stables=[], delete_before_replace=True)
 
     def delete(self, id, props):

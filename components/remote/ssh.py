@@ -15,7 +15,7 @@ An answer counts only with its exit status: a channel that ends without one lost
 No half-close is sent for a command without input (see `_exec`).
 
 Reads can be started ahead (`prefetch`, see readcache.py): a read-only request (`fetch`, or `run`
-with ``read=True``, `read_file`, `stat_mode`) takes a prefetched result of the very same request
+with ``read=True``, `read_file`, `stat_mode`, `stat_owner`) takes a prefetched result of the very same request
 when there is one; every other command, write or removal first drops what was prefetched of
 the host, so nothing read before a change is served after it.
 """
@@ -625,6 +625,14 @@ def _mode(sftp: paramiko.SFTPClient, path: str) -> Optional[int]:
         return None
 
 
+def _owner(sftp: paramiko.SFTPClient, path: str) -> Optional[str]:
+    try:
+        st = sftp.stat(path)
+    except FileNotFoundError:
+        return None
+    return f"{st.st_uid}:{st.st_gid}"
+
+
 def _sftp_read(t: Target, kind: str, path: str, what: str, read):
     """A read by SFTP, or its prefetched result (the same `kind` of read of the same path)."""
     hit = prefetched.take(_scope(t), (t.key, kind, path))
@@ -644,6 +652,11 @@ def read_file(t: Target, path: str) -> Optional[bytes]:
 
 def stat_mode(t: Target, path: str) -> Optional[int]:
     return _sftp_read(t, "stat_mode", path, f"reading the mode of {path}", _mode)
+
+
+def stat_owner(t: Target, path: str) -> Optional[str]:
+    """The file's owner as "uid:gid", or None when it does not exist."""
+    return _sftp_read(t, "stat_owner", path, f"reading the owner of {path}", _owner)
 
 
 # $1 directory, $2 name pattern of our temporary files for one target file.
@@ -708,6 +721,8 @@ def fetch(t: Target, request: dict):
         return read_file(t, request["path"])
     if op == "stat_mode":
         return stat_mode(t, request["path"])
+    if op == "stat_owner":
+        return stat_owner(t, request["path"])
     raise ValueError(f"unknown read request {op!r}")
 
 
@@ -719,6 +734,10 @@ def fetch_first(t: Target, request: dict):
     result = fetch(t, request)
     prefetched.open_window(scope, before, own_reads=2)  # its own take and touch
     return result
+
+
+# The reads of a file (reads.py ops), each on an open SFTP session.
+FILE_OPS = {"read_file": _read_bytes, "stat_mode": _mode, "stat_owner": _owner}
 
 
 def prefetch_window_open(t: Target) -> bool:
@@ -742,7 +761,7 @@ def prefetch(t: Target, requests: list[dict]) -> int:
             op = r.get("op") if isinstance(r, dict) else None
             if op == "run" and isinstance(r.get("argv"), list) and r["argv"] and all(isinstance(a, str) for a in r["argv"]):
                 order.append(("run", shlex.join(r["argv"]), float(r.get("timeout") or t.command_timeout)))
-            elif op in ("read_file", "stat_mode") and isinstance(r.get("path"), str) and r["path"].startswith("/"):
+            elif op in FILE_OPS and isinstance(r.get("path"), str) and r["path"].startswith("/"):
                 if r["path"] not in files:
                     files[r["path"]] = []
                     order.append(("file", r["path"]))
@@ -777,7 +796,7 @@ def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> d
     try:
         for op in ops:
             try:
-                out[(t.key, op, path)] = _read_bytes(sftp, path) if op == "read_file" else _mode(sftp, path)
+                out[(t.key, op, path)] = FILE_OPS[op](sftp, path)
             except Exception:  # noqa: BLE001 - left out: the real read makes it, and says why it fails
                 pass
     finally:

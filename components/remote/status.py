@@ -105,6 +105,11 @@ def _stack_files(t: ssh.Target, plan: ServingPlan, secrets: list[str]) -> list[s
                            S.strip_secret_lines(env.decode(errors="replace"), secret_keys), hide_values=True)
     if problem:
         drift.append(f"environment file {plan.unit.environment_path} {problem}")
+    if t.user == "root":
+        for what, path in (("unit file", f"{UNIT_DIR}/{plan.unit.name}"), ("environment file", plan.unit.environment_path)):
+            owner = ssh.stat_owner(t, path)
+            if owner not in (None, "0:0"):
+                drift.append(f"{what} {path} belongs to {owner} (uid:gid), not root")
     return drift
 
 

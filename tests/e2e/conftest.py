@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,12 @@ class Deployment:
     def sh(self, cmd: str) -> str:
         out = self.host.run(cmd, timeout=60)
         return out.stdout
+
+    def components(self, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess:
+        """`python -m components ARGS` from the project folder, as an operator runs it."""
+        env = {**self.env, "PATH": f"{VENV / 'bin'}:{self.env.get('PATH', '')}"}
+        return subprocess.run([str(VENV / "bin" / "python"), "-m", "components", *args], cwd=self.project, env=env,
+                              capture_output=True, text=True, timeout=timeout)
 
     def edit_project(self, mutate) -> None:
         path = self.project / "Pulumi.yaml"

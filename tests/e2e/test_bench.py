@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.pulumi_env import REPO
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
@@ -25,10 +24,7 @@ BENCH = {"concurrency": [1, 32], "inputLen": 64, "outputLen": 16, "client": "reh
 
 
 def components(d, *args: str) -> subprocess.CompletedProcess:
-    """`python -m components ARGS` from the project folder, as an operator runs it."""
-    env = {**d.env, "PATH": f"{REPO / '.venv' / 'bin'}:{d.env.get('PATH', '')}"}
-    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "components", *args],
-                          cwd=d.project, env=env, capture_output=True, text=True, timeout=1500)
+    return d.components(*args)
 
 
 def bench(d, stack: str) -> subprocess.CompletedProcess:

@@ -173,6 +173,24 @@ def test_a_drop_in_that_never_ran_is_removed_without_a_restart(deployment):
     d.stack("ep8").preview(refresh=True, expect_no_changes=True)
 
 
+def test_the_environment_file_given_to_another_user_is_drift_and_given_back(deployment):
+    # chown: the file keeps its mode (0600) and its text, but another user may now read the
+    # secrets in it. Drift (the file's owner), in the preview and in status; the up gives it back.
+    d = deployment
+    path = "/etc/gpu-serving/kimi-k2.6.env"
+    d.sh(f"chown nobody:nogroup {path}")
+    lines = []
+    with pytest.raises(auto.CommandError):
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    text = "\n".join(lines)
+    assert "owner" in text and "65534:65534" in text, text[-3000:]
+    status = d.components("status", "--stack", "ep8")
+    assert f"environment file {path} belongs to 65534:65534 (uid:gid), not root" in status.stdout, status.stdout
+    d.stack("ep8").up(refresh=True, on_output=print)
+    assert d.sh(f"stat -c '%u:%g %a' {path}").strip() == "0:0 600"
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True)
+
+
 def test_second_up_changes_nothing_on_the_host(deployment):
     d = deployment
     probe = ("stat -c '%Y %a' /etc/systemd/system/" + UNIT.format("ep8") + " /etc/gpu-serving/kimi-k2.6.env; "

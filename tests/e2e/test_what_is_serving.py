@@ -13,7 +13,6 @@ import pytest
 from tests.e2e.test_layout_files_and_failed_switches import no_changes
 from tests.e2e.test_running_server_drift import (ENV_FILE, TP8, UNIT_FILE, check_is_clean, drift_text, flag, main_pid,
                                                  running_argv, running_environment)
-from tests.pulumi_env import REPO
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
@@ -21,9 +20,7 @@ EP8 = "sglang-kimi-k2.6-ep8.service"
 
 
 def status(d, *args: str) -> subprocess.CompletedProcess:
-    env = {**d.env, "PATH": f"{REPO / '.venv' / 'bin'}:{d.env.get('PATH', '')}"}
-    return subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "components", "status", *args], cwd=d.project,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return d.components("status", *args, timeout=300)
 
 
 def switch_block(text: str) -> list[str]:
