@@ -549,7 +549,7 @@ class Engine:
                       f"{hello.get('free_min_mib')} MiB free per GPU", rank=True)
 
     def refuse_world(self, reason: str):
-        self.rdv_server.broadcast({"refused": reason})
+        self.rdv_server.broadcast_last({"refused": reason})
         raise rdv.RendezvousError("RuntimeError", reason,
                                   "every node must run the same command line but --node-rank; real SGLang hangs or "
                                   "fails in NCCL init on such a world, the rehearsal refuses it at the rendezvous")

@@ -29,6 +29,7 @@ import time
 PING_SECONDS = 1.0
 SILENCE_SECONDS = 15.0   # no ping for this long: the peer is gone (its host froze or vanished)
 HELLO_SECONDS = 10.0     # a connection that says nothing for this long is not a node
+FINISH_SECONDS = 2.0     # a last message (a refusal): how long the peer gets to read it and close
 
 
 class RendezvousError(Exception):
@@ -64,6 +65,7 @@ class Link:
         self.lost = threading.Event()
         self.lost_reason = ""
         self.closed = False
+        self.draining = False
 
     def send(self, obj: dict) -> bool:
         data = (json.dumps(obj) + "\n").encode()
@@ -118,7 +120,7 @@ class Link:
                 self.inbox.put(obj)
 
     def _pinger(self):
-        while not self.lost.is_set() and not self.closed:
+        while not self.lost.is_set() and not self.closed and not self.draining:
             if not self.send({"ping": time.time()}):
                 return
             self.lost.wait(PING_SECONDS)
@@ -145,6 +147,17 @@ class Link:
             if any(key in obj for key in keys):
                 return obj
         return None
+
+    def finish(self, timeout: float):
+        """The last message is sent: end our side and wait (up to `timeout`) for the peer to
+        close its own. Closing at once, with the peer's pings still unread here, would reset the
+        connection, and a reset can take the peer's unread last message with it."""
+        self.draining = True
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return
+        self.lost.wait(timeout)
 
     def close(self):
         # Shut the socket down first: that wakes the reader thread with EOF (closing the reader
@@ -207,6 +220,7 @@ class Server:
                 if rank in self.joined:
                     first = self.joined[rank][0].peer
                     link.send({"refused": f"node rank {rank} already joined from {first}"})
+                    link.finish(FINISH_SECONDS)
                     link.close()
                     raise RendezvousError("RuntimeError", f"node rank {rank} joined twice (from {first} and {link.peer})",
                                           "two nodes were started with the same --node-rank")
@@ -229,6 +243,13 @@ class Server:
     def broadcast(self, obj: dict):
         for _, link in self.links():
             link.send(obj)
+
+    def broadcast_last(self, obj: dict):
+        """`obj` to every node, as the last message: each link then ends cleanly (Link.finish)."""
+        self.broadcast(obj)
+        deadline = time.monotonic() + FINISH_SECONDS
+        for _, link in self.links():
+            link.finish(max(0.0, deadline - time.monotonic()))
 
     def close(self):
         if self.sock is not None:
