@@ -29,7 +29,8 @@ from . import identity, probe, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
-from .providers import ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _secrets, _take_replaced
+from .providers import (ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _secrets, _take_replaced,
+                        _without_drop_ins)
 
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.
 REACH_SCRIPT = (
@@ -300,7 +301,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         if all(live is None for _, live in lives):
             return ReadResult(id_=None, outs={})
         live = self._together(lives)
-        props = {k: v for k, v in props.items() if k != "dropIns"}  # the last reading's
+        props = _without_drop_ins(props)  # the last reading's: this one says whether there are any
         inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
 
