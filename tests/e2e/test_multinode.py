@@ -130,6 +130,25 @@ def test_drift_on_rank_1s_unit_is_repaired_there_only(nodes):
     assert active(node0, "tp16x2") == active(node1, "tp16x2") == "active"
 
 
+def test_a_drop_in_on_rank_1_is_drift_and_removed_there_without_restarting_the_world(nodes):
+    # `systemctl edit` of node1's rank (not applied: no restart): drift on the multi-node service
+    # naming the node; the up removes it on node1 only, and neither rank restarts.
+    node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
+    pids = {n: main_pid(h, "tp16x2") for n, h in nodes.hosts.items()}
+    own = f"/etc/systemd/system/{UNIT.format('tp16x2')}.d"
+    node1.run(f"mkdir -p {own} && printf '[Service]\\nLimitNOFILE=4096\\n' > {own}/override.conf && systemctl daemon-reload",
+              check=True)
+    lines: list[str] = []
+    with pytest.raises(auto.CommandError):
+        nodes.stack("tp16x2").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    assert f"node1:{own}/override.conf" in "\n".join(lines), "\n".join(lines)[-3000:]
+    nodes.stack("tp16x2").up(on_output=print)
+    assert node1.run(f"test -e {own}").returncode != 0
+    assert {n: main_pid(h, "tp16x2") for n, h in nodes.hosts.items()} == pids
+    assert active(node0, "tp16x2") == active(node1, "tp16x2") == "active"
+    nodes.stack("tp16x2").preview(refresh=True, expect_no_changes=True)
+
+
 def enabled(host, strategy: str) -> str:
     return host.run(f"systemctl is-enabled {UNIT.format(strategy)}").stdout.strip()
 
