@@ -125,8 +125,8 @@ def test_switch_notice_is_the_roll_order_or_all_at_once_and_nothing_for_one_host
     assert rolled == ("hosts whose strategy changes switch in this order: rolling switch to pp8 behind the router "
                       "http://10.0.0.1:30080, 2 at a time: [gpu1, gpu2] -> [gpu3]")
     assert R.switch_notice(["gpu1", "gpu2"], "ep8", router_url=None) == (
-        "no router (gpu-serving:router): every host stops at once: gpu1, gpu2 switch to ep8 together, "
-        "nothing serves until they are ready")
+        "no router (gpu-serving:router): the hosts whose strategy changes, of gpu1, gpu2, stop at once and switch to "
+        "ep8 together; nothing serves on them until they are ready")
     assert R.switch_notice([""], "ep8", router_url=None) is None
 
 

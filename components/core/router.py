@@ -317,12 +317,15 @@ def plan_roll(hosts: list[str], current: dict[str, Optional[str]], target: str, 
 def switch_notice(hosts: list[str], strategy: str, *, router_url: Optional[str], max_unavailable: int = 1) -> Optional[str]:
     """The line a fleet's run prints when a switch is planned (components/program.py prints it
     from the first unit that would start or restart, never in a run that switches nothing): the
-    roll order behind the router, or without one that every host stops at once. None for the
+    roll order behind the router, or without one that the hosts that switch stop at once. None for the
     one-host form (no fleet to order)."""
     if router_url is None:
         if len(hosts) < 2:
             return None
-        return plan_roll(hosts, {}, strategy, max_unavailable=1, router=False).describe(strategy, 1)
+        # Which hosts really switch is known host by host, after this line is printed (a host
+        # already on `strategy`, say after a partial failure, is left alone): the line says so.
+        return (f"no router (gpu-serving:router): the hosts whose strategy changes, of {', '.join(hosts)}, stop at once "
+                f"and switch to {strategy} together; nothing serves on them until they are ready")
     roll = plan_roll(hosts, {}, strategy, max_unavailable=max_unavailable, router=True)
     return f"hosts whose strategy changes switch in this order: {roll.describe(strategy, max_unavailable, router_url)}"
 

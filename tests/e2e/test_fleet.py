@@ -49,7 +49,7 @@ def test_up_deploys_every_host_in_one_run_and_reports_each(fleet):
     assert conns == 2, conns
 
 
-ALL_AT_ONCE = "no router (gpu-serving:router): every host stops at once"
+ALL_AT_ONCE = "no router (gpu-serving:router): the hosts whose strategy changes"
 
 
 def test_the_all_at_once_line_comes_only_with_a_planned_switch(fleet):
@@ -61,7 +61,7 @@ def test_the_all_at_once_line_comes_only_with_a_planned_switch(fleet):
     switch: list[str] = []
     fleet.stack("ep8").preview(on_output=switch.append)
     text = "\n".join(switch)
-    assert f"{ALL_AT_ONCE}: gpu1, gpu2 switch to ep8 together" in text, text[-4000:]
+    assert f"{ALL_AT_ONCE}, of gpu1, gpu2, stop at once and switch to ep8 together" in text, text[-4000:]
 
 
 def test_switch_moves_every_host(fleet):
@@ -69,7 +69,7 @@ def test_switch_moves_every_host(fleet):
     result = fleet.stack("ep8").up(on_output=lines.append)
     text = "\n".join(lines)
     # Without a router the run says plainly that nothing serves during the switch (issue 16.4).
-    assert "no router (gpu-serving:router): every host stops at once: gpu1, gpu2 switch to ep8 together" in text, text[-4000:]
+    assert f"{ALL_AT_ONCE}, of gpu1, gpu2, stop at once and switch to ep8 together" in text, text[-4000:]
     # Every progress line and switch block names its fleet entry (issue 12.9).
     for name in fleet.hosts:
         assert f"hosts[{name}] switch: {UNIT.format('tp8')} (stack tp8) serves now" in text, text[-4000:]
