@@ -25,6 +25,8 @@ def _read(monkeypatch, props: dict, stdout: str):
         asked.append(request["purpose"])
         if request["purpose"].startswith("reading the state of"):
             return ssh.Result(0, stdout, "")
+        if request["purpose"] == "reading what serves":  # a unit that does not run: who does instead
+            return ssh.Result(0, "@@now 100.0\n", "")
         raise AssertionError(f"unexpected read: {request['purpose']}")
 
     monkeypatch.setattr(ssh, "fetch", fetch)
@@ -84,3 +86,23 @@ def test_the_units_own_drop_ins_are_drift_until_gone(monkeypatch):
     again, _ = _read(monkeypatch, result.outs, loaded)
     assert "dropIns" not in again.outs and "dropIns" not in again.inputs
     assert provider.diff("id", again.outs, declared).changes is False
+
+
+def test_another_strategy_enabled_beside_the_serving_one_is_drift_of_the_serving_one(monkeypatch):
+    # `systemctl enable` of tp8 by hand while ep8 serves: a reboot would start both. The serving
+    # unit's read says so (its up disables tp8, as a switch does); a unit that does not serve
+    # says nothing of the others (its stack is superseded anyway).
+    case = _case("unit-file-deleted-while-it-runs")
+    loaded = case["stdout"].replace("LoadState=not-found", "LoadState=loaded").replace("UnitFileState=\n", "UnitFileState=enabled\n")
+    assert loaded.rstrip().splitlines()[-1] != "@@others-enabled"
+    both = loaded + "@@others-enabled\nsglang-kimi-k2.6-tp8.service\n"
+    result, _ = _read(monkeypatch, case["props"], both)
+    assert result.outs["othersEnabled"] == ["sglang-kimi-k2.6-tp8.service"]
+    declared = {**{k: v for k, v in case["props"].items() if k not in ("previous", "readinessReport", "runningServer")},
+                "connection": TARGET}
+    assert providers.ServiceProvider().diff("id", result.outs, declared).changes is True
+    alone, _ = _read(monkeypatch, result.outs, loaded + "@@others-enabled\n")
+    assert "othersEnabled" not in alone.outs and providers.ServiceProvider().diff("id", alone.outs, declared).changes is False
+    stopped = both.replace("ActiveState=active", "ActiveState=inactive").replace("SubState=running", "SubState=dead")
+    quiet, _ = _read(monkeypatch, case["props"], stopped)
+    assert "othersEnabled" not in quiet.outs

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import cuda, status, venv
 from .facts import FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
-from .unit import UNIT_DIR
+from .unit import MANAGED_UNITS_GREP, UNIT_DIR
 
 if TYPE_CHECKING:
     from .plan import ServingPlan
@@ -95,7 +95,8 @@ fi
 
 # $1 unit: its state (UNIT_PROPERTIES, as `unit_states`), then what its main process runs, taken
 # from the same MainPID: /proc/<pid>/cmdline and /proc/<pid>/environ (NUL-separated, so base64),
-# and the service manager's own environment (what systemd gives every service).
+# the service manager's own environment (what systemd gives every service), and the other
+# gpu-serving units that are enabled (a reboot would start them too: only one may be).
 SERVICE_SCRIPT = r"""
 show=$(systemctl show """ + SHOW_OPTIONS + r""" -- "$1") || exit $?
 printf '%s\n' "$show"
@@ -106,6 +107,12 @@ echo @@environ
 if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then base64 -w0 "/proc/$pid/environ" 2>/dev/null; fi; echo
 echo @@manager
 systemctl show-environment 2>/dev/null || true
+echo @@others-enabled
+cd """ + UNIT_DIR + r""" 2>/dev/null || exit 0
+for f in $(""" + MANAGED_UNITS_GREP + r"""); do
+  [ "$f" = "$1" ] || [ "$(systemctl is-enabled -- "$f" 2>/dev/null)" != enabled ] || echo "$f"
+done
+exit 0
 """
 
 # Generation timeout of the readiness read on refresh (seconds).

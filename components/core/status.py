@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from .facts import SHOW_OPTIONS
 from .readiness import flag_groups
-from .unit import MARKER_KEY, UNIT_DIR, own_drop_ins
+from .unit import MANAGED_UNITS_GREP, MARKER_KEY, UNIT_DIR, own_drop_ins
 
 SUPERSEDED = "superseded: "
 
@@ -30,7 +30,7 @@ SUPERSEDED = "superseded: "
 SERVING_SCRIPT = r"""
 cd """ + UNIT_DIR + r""" 2>/dev/null || exit 0
 echo "@@now $(cut -d' ' -f1 /proc/uptime)"
-for f in $(grep -l -s -e '^""" + MARKER_KEY + r"""=' -e '^# Managed by gpu-serving [(]stack ' -- *.service); do
+for f in $(""" + MANAGED_UNITS_GREP + r"""); do
   echo "@@unit $f"
   stack=$(sed -n 's/^""" + MARKER_KEY + r"""=//p' "./$f" | head -n 1)
   [ -n "$stack" ] || stack=$(sed -n 's/^# Managed by gpu-serving (stack \([^)]*\)).*/\1/p' "./$f" | head -n 1)

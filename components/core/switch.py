@@ -18,10 +18,8 @@ from .facts import split_sections
 from .readiness import AS_DECLARED, NOT_RUNNING
 from .reads import SERVICE_PROPS
 from .status import is_superseded
-from .unit import MARKER_KEY, UNIT_DIR, own_drop_ins
+from .unit import MANAGED_UNITS_GREP, UNIT_DIR, own_drop_ins
 
-# Units written before the marker key carry only this header; both are recognised.
-MANAGED_HEADER = "# Managed by gpu-serving (stack "
 
 # $1: the target unit, $2: the serving port. Who listens on the port (`ss`) and each listener's
 # cgroup (`foreign_listener` tells ours from a foreign process), then the unit files of
@@ -34,7 +32,7 @@ MANAGED_UNITS_SCRIPT = (
     "for pid in $(printf '%s\\n' \"$listeners\" | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do\n"
     "  echo \"@@cgroup $pid\"; cat \"/proc/$pid/cgroup\" 2>/dev/null\ndone\n"
     f"cd {UNIT_DIR} 2>/dev/null || exit 0\n"
-    f"others=$(grep -l -s -e '^{MARKER_KEY}=' -e '^{MANAGED_HEADER.replace('(', '[(]')}' -- *.service"
+    f"others=$({MANAGED_UNITS_GREP}"
     " | grep -v -x -F -e \"$1\")\n"
     "echo @@units; printf '%s\\n' \"$1\" $others\n"
     "echo @@show; systemctl show " + " ".join(f"-p {p}" for p in SERVICE_PROPS) + " -- \"$1\" $others\n"

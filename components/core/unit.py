@@ -31,6 +31,9 @@ UNIT_DIR = "/etc/systemd/system"
 # A [Unit] key systemd ignores (X- prefix) that marks a unit as a gpu-serving serving unit and names
 # its stack: a switch finds every strategy on the host by it (components/core/switch.py).
 MARKER_KEY = "X-GpuServing-Stack"
+# The unit files of UNIT_DIR that gpu-serving wrote (the marker key, or the header of units written
+# before it), as a shell command run in that directory: one name a line.
+MANAGED_UNITS_GREP = "grep -l -s -e '^" + MARKER_KEY + "=' -e '^# Managed by gpu-serving [(]stack ' -- *.service"
 
 # Values that systemd's command-line splitting passes through untouched.
 _PLAIN = re.compile(r"\A[A-Za-z0-9_./:,+@=-]+\Z", re.ASCII)

@@ -30,7 +30,7 @@ from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
 from .providers import (ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _secrets, _take_replaced,
-                        _without_drop_ins)
+                        _without_last_reading)
 
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.
 REACH_SCRIPT = (
@@ -281,8 +281,11 @@ class MultiNodeServiceProvider(ServiceProvider):
         """The ranks as one service: active and enabled when every rank is, and what they run."""
         together = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
                     "runningServer": cls._ranks_running(lives)}
-        drop_ins = [f"{node['hostEntry']}:{path}" for node, v in lives if v for path in v.get("dropIns", [])]
-        return {**together, "dropIns": drop_ins} if drop_ins else together
+        for key in ("dropIns", "othersEnabled"):
+            said = [f"{node['hostEntry']}:{item}" for node, v in lives if v for item in v.get(key, [])]
+            if said:
+                together[key] = said
+        return together
 
     @staticmethod
     def _ranks_running(lives: list[tuple[dict, Optional[dict]]]) -> str:
@@ -301,7 +304,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         if all(live is None for _, live in lives):
             return ReadResult(id_=None, outs={})
         live = self._together(lives)
-        props = _without_drop_ins(props)  # the last reading's: this one says whether there are any
+        props = _without_last_reading(props)  # the last reading's: this one says whether there are any
         inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
 

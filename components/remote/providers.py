@@ -71,8 +71,13 @@ def _foreign_owner(t: ssh.Target, owner: Optional[str]) -> bool:
     return t.user == "root" and owner is not None and owner != "0:0"
 
 
-def _without_drop_ins(props: dict) -> dict:
-    return {k: v for k, v in props.items() if k != "dropIns"}
+# Outputs a read adds only when there is something to say (a state without them reads as before):
+# each read says them anew.
+READ_ONLY_WHEN_SO = ("dropIns", "othersEnabled")
+
+
+def _without_last_reading(props: dict) -> dict:
+    return {k: v for k, v in props.items() if k not in READ_ONLY_WHEN_SO}
 
 
 def _take_replaced(t: ssh.Target) -> dict[str, tuple[Optional[bytes], Optional[int]]]:
@@ -753,7 +758,15 @@ class ServiceProvider(ResourceProvider):
         # Drop-ins of the unit (`systemctl edit`): hand edits, drift until an up removes them. The
         # key only when there are some, so a state without any reads as before.
         drop_ins = switch.own_drop_ins(props["unit"], state.get("DropInPaths", ""))
-        return {**live, "dropIns": drop_ins} if drop_ins else live
+        if drop_ins:
+            live["dropIns"] = drop_ins
+        # Another strategy enabled by hand beside the one that serves: a reboot would start both
+        # and either could end up serving. Said by the serving unit only (the others' stacks are
+        # superseded anyway); its up disables them, as a switch does.
+        others = sorted(line.strip() for line in sections.get("others-enabled", "").splitlines() if line.strip())
+        if others and live["active"] and props.get("enabled", True):
+            live["othersEnabled"] = others
+        return live
 
     def _running_now(self, props: dict) -> str:
         """After a start: what the process runs, read back rather than assumed."""
@@ -780,7 +793,7 @@ class ServiceProvider(ResourceProvider):
             return ReadResult(id_=None, outs={})
         if live["runningServer"] == R.NOT_RUNNING:
             live["runningServer"] = self._superseded(t, props["unit"]) or R.NOT_RUNNING
-        props = _without_drop_ins(props)  # the last reading's: this one says whether there are any
+        props = _without_last_reading(props)  # the last reading's: this one says whether there are any
         outs = {**props, **live}
         kept = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
         return ReadResult(id_=id, outs=outs, inputs={**kept, **live})
@@ -794,7 +807,7 @@ class ServiceProvider(ResourceProvider):
         # execStart as an argv: a state written before it was one line holds the same list.
         olds, news = {**olds, "execStart": _argv(olds.get("execStart"))}, {**news, "execStart": _argv(news.get("execStart"))}
         changed = _changed(olds, news, ["unit", "configHash", "declared", "port", "bind", "active", "enabled",
-                                        "connection", "runningServer", "execStart", "environment", "dropIns"])
+                                        "connection", "runningServer", "execStart", "environment", *READ_ONLY_WHEN_SO])
         if olds.get("readinessReport") is None:
             changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         if olds.get("switchFailure"):

@@ -191,6 +191,25 @@ def test_the_environment_file_given_to_another_user_is_drift_and_given_back(depl
     d.stack("ep8").preview(refresh=True, expect_no_changes=True)
 
 
+def test_another_strategy_enabled_by_hand_is_drift_and_disabled_by_the_up(deployment):
+    # `systemctl enable` of tp8 while ep8 serves: after a reboot both would start, and either could
+    # end up serving. The serving stack's check says so; its up disables tp8 and restarts nothing.
+    d = deployment
+    tp8, ep8 = UNIT.format("tp8"), UNIT.format("ep8")
+    d.sh(f"systemctl enable --quiet {tp8}")
+    show = f"systemctl show -p MainPID -p NRestarts -p ActiveEnterTimestamp {ep8}"
+    before = d.sh(show)
+    lines = []
+    with pytest.raises(auto.CommandError):
+        d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+    text = "\n".join(lines)
+    assert "othersEnabled" in text and tp8 in text, text[-3000:]
+    d.stack("ep8").up(refresh=True, on_output=print)
+    assert d.sh(f"systemctl is-enabled {tp8}").strip() == "disabled"
+    assert d.sh(f"systemctl is-enabled {ep8}").strip() == "enabled" and d.sh(show) == before
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True)
+
+
 def test_second_up_changes_nothing_on_the_host(deployment):
     d = deployment
     probe = ("stat -c '%Y %a' /etc/systemd/system/" + UNIT.format("ep8") + " /etc/gpu-serving/kimi-k2.6.env; "
