@@ -916,14 +916,14 @@ def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError]) -
                                        f"one of {', '.join(names)}, or host: a machine of its own"))
             return None
         port = getattr(serving, "port", None)
-        for key, value, hint in (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000")):
+        for key, value, hint in _router_ports(router):
             if port is not None and value == port:
                 errors.append(SettingError(f"{where}.{key}", f"{value} is serving.port, the port {router.runs_on}'s server listens on",
                                            f"another port, e.g. {hint}"))
     else:
         mine = router.host.machine
         for h in hosts:
-            for key, value, hint in (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000")):
+            for key, value, hint in _router_ports(router):
                 if h.machine == mine and getattr(serving, "port", None) == value:
                     errors.append(SettingError(f"{where}.{key}", f"{value} is serving.port on {h.name}, the same machine",
                                                f"another port, e.g. {hint}"))
@@ -993,6 +993,11 @@ def _check_nodes(strategy, serving, hosts: tuple, router, errors: list[SettingEr
                                    "another port, e.g. distInitPort: 20000"))
 
 
+def _router_ports(router) -> tuple:
+    """The router's listening ports: (its key under gpu-serving:router, the port, a default to suggest)."""
+    return (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000"))
+
+
 def _check_ssh_ports(host, serving, strategy, hosts: tuple, router, errors: list[SettingError]) -> None:
     """A port a server of ours listens on is never the SSH port of its machine: sshd holds it, so
     the server could not start, and the switch would find the port taken only after writing the
@@ -1018,7 +1023,7 @@ def _check_ssh_ports(host, serving, strategy, hosts: tuple, router, errors: list
         else:
             machine = next((h for h in hosts if h.name == router.runs_on), None)
             where = f"{router.runs_on}, where it runs"
-        for key, value, hint in (("port", router.port, "30080"), ("metricsPort", router.metrics_port, "29000")):
+        for key, value, hint in _router_ports(router):
             if machine is not None and machine.address and value == machine.port:
                 errors.append(SettingError(f"{NAMESPACE}:router.{key}", f"{value} is the SSH port of {where}: sshd listens there",
                                            f"another port, e.g. {hint}"))

@@ -73,7 +73,7 @@ def _foreign_owner(t: ssh.Target, owner: Optional[str]) -> bool:
 
 # Outputs a read adds only when there is something to say (a state without them reads as before):
 # each read says them anew.
-READ_ONLY_WHEN_SO = ("dropIns", "othersEnabled")
+READ_ONLY_WHEN_SO = ("dropIns", "othersEnabled", "owner")
 
 
 def _without_last_reading(props: dict) -> dict:
@@ -396,7 +396,7 @@ class RemoteFileProvider(ResourceProvider):
         data = ssh.fetch(t, content_request)
         if data is None:
             return ReadResult(id_=None, outs={})  # gone: the engine plans to create it again
-        props = {k: v for k, v in props.items() if k != "owner"}  # the last reading's; this read says it anew
+        props = _without_last_reading(props)
         text = data.decode(errors="replace")
         secret_lines = "".join(f'{k}="{v}"\n' for k, v in sorted((props.get("secretEnvironment") or {}).items()))
         if secret_lines and text.endswith(secret_lines):
