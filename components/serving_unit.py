@@ -23,13 +23,16 @@ def _destroy_warning_hook(prefix: str, plan: ServingPlan, host: GpuHost) -> pulu
     bound (scripts/env.sh sets PULUMI_RUN_PROGRAM=true; a bare `pulumi destroy` asks for
     `--run-program`). The destroy itself warns from the provider's delete, so the hook keeps to
     previews."""
-    where = f"hosts[{prefix[:-1]}] ({host.address})" if prefix else host.address
-
     def warn(args: pulumi.ResourceHookArgs) -> None:
         if not pulumi.runtime.is_dry_run():
             return
+        # Where it serves: the state's machine (its id, "<address>:<unit>"), which is not the
+        # declared one when the stack was pointed at another machine (the old half of a move).
+        served = str(args.id or "").rpartition(":")[0] or host.address
+        where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
         message = S.destroy_warning(unit=plan.unit.name, stack=plan.settings.stack, where=where,
-                                    outputs=dict(args.old_outputs or {}))
+                                    outputs=dict(args.old_outputs or {}),
+                                    declared=None if served == host.address else host.address)
         if message:
             pulumi.log.warn(message)
 

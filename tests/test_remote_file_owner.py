@@ -82,3 +82,16 @@ def test_over_a_login_other_than_root_the_owner_is_that_logins_and_never_drift(h
 def test_the_owner_is_read_with_the_file_and_prefetched_with_it():
     assert [r["op"] for r in reads.remote_file({"path": PATH})] == ["read_file", "stat_mode", "stat_owner"]
     assert set(ssh.FILE_OPS) == {"read_file", "stat_mode", "stat_owner"}
+
+
+def test_the_files_hash_is_an_output_of_the_read_never_an_input(host):
+    """The program declares `sha256` as None (an output); a read that gave it back as an input
+    made every later refresh of an untouched file show `[diff: -sha256]`."""
+    h = host("0:0")
+    provider = providers.RemoteFileProvider()
+    written = provider.create(_props(h)).outs
+    assert written["sha256"] == hashlib.sha256(CONTENT.encode()).hexdigest()
+    result = provider.read("id", written)
+    assert result.outs["sha256"] == written["sha256"]
+    assert "sha256" not in result.inputs
+    assert result.inputs == {k: v for k, v in _props(h).items()}

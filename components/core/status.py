@@ -201,12 +201,18 @@ def superseded_by(unit: str, host: HostServing) -> Optional[str]:
     return f"{SUPERSEDED}{u.name} ({_stack_of(u)}) serves since {u.since or 'an unknown time'}"
 
 
-def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict]) -> Optional[str]:
+def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict],
+                    declared: Optional[str] = None) -> Optional[str]:
     """What a destroy's preview says when the stack's unit serves (its `active` output, as the
     refresh before the preview read it): nothing will serve on that host afterwards. None when
-    it does not serve (a superseded or stopped stack: its destroy takes nothing away)."""
+    it does not serve (a superseded or stopped stack: its destroy takes nothing away).
+    `declared`: the machine the stack names now, when it is not `where` (the stack was pointed at
+    another machine: its unit moves there, and this is the half that stops it here)."""
     if not isinstance(outputs, dict) or outputs.get("active") is not True or is_superseded(outputs.get("runningServer")):
         return None
+    if declared:
+        return (f"stack {stack} now names {declared}: {unit} is stopped and removed on {where}, where it serves "
+                f"now (as this run's refresh read it); nothing of stack {stack} will serve on {where} afterwards.")
     return (f"destroying stack {stack} stops {unit}, which serves on {where} now (as this run's refresh read it): "
             f"nothing will serve on {where} afterwards. To keep serving, deploy another strategy stack first "
             "(`pulumi up --stack <strategy>`: the switch stops this one).")

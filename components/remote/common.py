@@ -28,3 +28,10 @@ def changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
     def value(props, k):
         return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
     return [k for k in keys if value(olds, k) != value(news, k)]
+
+
+def moved(olds: dict, news: dict) -> list[str]:
+    """`["connection"]` when the new props reach another machine than the state's: a replace
+    (created on the new machine, then deleted on the old one), never an update that would leave
+    the old machine serving, enabled and forgotten by the stack."""
+    return ["connection"] if ssh.another_machine(olds.get("connection"), news.get("connection")) else []

@@ -14,6 +14,7 @@ not wait for them one resource after the other (readcache.py: what may be served
 from __future__ import annotations
 
 import hashlib
+import posixpath
 import sys
 import threading
 import time
@@ -44,6 +45,7 @@ from ..core.facts import (
 from . import identity, probe, ssh
 from . import router as router_roll
 from .common import changed as _changed
+from .common import moved as _moved
 from .common import progress as _progress
 from .common import require_target as _require_target
 
@@ -414,17 +416,30 @@ class RemoteFileProvider(ResourceProvider):
             state["owner"] = owner
         if secret_lines and not data.decode(errors="replace").endswith(secret_lines):
             state["secretEnvironment"] = {k: "[edited on host]" for k in props.get("secretEnvironment") or {}}
-        return ReadResult(id_=id, outs=state, inputs={k: state[k] for k in [*props, "owner"] if k in state})
+        # sha256 is an output (the program declares it None): as an input it would show as a change
+        # of the file (`[diff: -sha256]`) on every later refresh of a file nobody touched.
+        return ReadResult(id_=id, outs=state,
+                          inputs={k: state[k] for k in [*props, "owner"] if k in state and k != "sha256"})
 
     def diff(self, id, olds, news):
         replaces = ["path"] if olds.get("path") != news.get("path") else []
         changed = _changed(olds, news, ["path", "content", "mode", "secretEnvironment", "connection", "owner"])
-        return DiffResult(changes=bool(changed), replaces=replaces, stables=[], delete_before_replace=True)
+        # Another path (a renamed unit) or another machine: the new file is written first and the
+        # old one removed at the end, after the switch to the new unit (its delete stops a unit
+        # before removing its file).
+        return DiffResult(changes=bool(changed), replaces=replaces + _moved(olds, news), stables=[],
+                          delete_before_replace=False)
 
     def delete(self, id, props):
         if props.get("retainOnDelete"):
             return
         t = _require_target(props, stored=True)
+        unit = posixpath.basename(str(props["path"]))
+        if props.get("reloadSystemd") and unit.endswith(".service"):
+            # A unit's file goes only with the unit: stopped and disabled first, so it never runs
+            # on without a file (then systemctl can no longer disable it). The service's own
+            # delete does the same; Pulumi runs the two at once when a move replaces both.
+            ssh.run(t, ["systemctl", "disable", "--now", unit], purpose=f"stopping {unit}", timeout=180, check=False)
         ssh.remove_file(t, props["path"])
         if props.get("reloadSystemd"):
             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
@@ -812,7 +827,14 @@ class ServiceProvider(ResourceProvider):
             changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         if olds.get("switchFailure"):
             changed.append("switchFailure")  # the last switch left nothing serving: try it again
-        return DiffResult(changes=bool(changed), replaces=["unit"] if olds.get("unit") != news.get("unit") else [], stables=[])
+        moved = _moved(olds, news)
+        if moved:
+            # Said at the diff, so the preview says it before anything happens.
+            _progress(f"{_who(news)}{news.get('unit')} moves from {ssh.reach(olds['connection']).get('host')} to "
+                      f"{ssh.reach(news['connection']).get('host')}: it starts there and is checked, then it is stopped "
+                      "and its unit file removed where it served (CUDA, the venv and the environment file stay)")
+        replaces = ["unit"] if olds.get("unit") != news.get("unit") else []
+        return DiffResult(changes=bool(changed), replaces=replaces + moved, stables=[])
 
     def delete(self, id, props):
         t = _require_target(props, stored=True)
@@ -944,7 +966,7 @@ class ReadinessProvider(ResourceProvider):
             changed.append("report")
         elif report and (olds.get("report") or {}).get("checked_at") != report.get("checked_at"):
             changed.append("report")
-        return DiffResult(changes=bool(changed), replaces=[], stables=[])
+        return DiffResult(changes=bool(changed), replaces=_moved(olds, news), stables=[])
 
     def delete(self, id, props):
         pass

@@ -137,6 +137,18 @@ def reach(connection: Any) -> Any:
     return {k: v for k, v in connection.items() if k not in CONNECTION_LABELS}
 
 
+def another_machine(old: Any, new: Any) -> bool:
+    """Whether two connections reach different machines: another rehearsal host, or another
+    address *and* another host key. A machine renumbered keeps its key and one reinstalled
+    keeps its address: both are the same machine (an update there); a stack pointed at another
+    box is a move (its unit is started there and stopped and removed where it served)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return False
+    if old.get("rehearsal") and new.get("rehearsal"):
+        return old["rehearsal"] != new["rehearsal"]  # a rebuilt rehearsal host keeps its name
+    return old.get("host") != new.get("host") and key_blob(old.get("hostKey", "")) != key_blob(new.get("hostKey", ""))
+
+
 def key_blob(line: str) -> str:
     """"type base64" of a host key line (a comment dropped), to compare two keys."""
     return " ".join(str(line or "").split()[:2])

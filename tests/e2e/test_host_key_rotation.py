@@ -163,3 +163,56 @@ def test_fleet_with_one_rehearsal_host_rebuilt_recovers_in_one_up(fleet):
     assert main_pid(rebuilt) not in ("", "0")
     assert main_pid(gpu1) == pid1
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+
+
+@pytest.fixture(scope="module")
+def two_machines(tmp_path_factory, rehearsal_host_factory):
+    """Two machines written as real hosts (address, pinned hostKey, key file): the stack is
+    deployed on the first, then pointed at the second, as an operator moves a stack to another box."""
+    a, b = rehearsal_host_factory(), rehearsal_host_factory()
+    d = make_deployment(tmp_path_factory.mktemp("moved"), a)
+
+    def point_at(machine):
+        def edit(config):
+            host = config["gpu-serving:host"]["value"]
+            host.pop("rehearsal", None)
+            host.update(address=machine.address, hostKey=machine.host_public_key, privateKeyPath=machine.private_key)
+        d.edit_project(edit)
+    d.point_at = point_at
+    d.machines = (a, b)
+    return d
+
+
+def test_a_stack_pointed_at_another_machine_moves_there_and_leaves_nothing_serving_behind(two_machines):
+    """Before: pointing a deployed stack at another machine was an update of the same resources:
+    the new machine was set up and served, and the old one kept serving, enabled across reboots,
+    forgotten by the stack (its drift checks, status and destroy). Now the unit moves: the
+    preview says so, the up starts it on the new machine and checks it, then stops it and removes
+    its unit file on the old one; CUDA, the venv and the environment file stay there."""
+    d, (a, b) = two_machines, two_machines.machines
+    stack = d.stack("tp8")
+    d.point_at(a)
+    assert stack.up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    pid = main_pid(a)
+
+    d.point_at(b)
+    lines: list[str] = []
+    preview = stack.preview(on_output=lines.append)
+    output = "\n".join(lines)
+    print(output)
+    assert f"{UNIT} moves from {a.address} to {b.address}: it starts there and is checked" in output
+    assert f"{UNIT} is stopped and removed on {a.address}, where it serves now" in output
+    assert preview.change_summary.get("replace", 0) >= 3, preview.change_summary
+    assert main_pid(a) == pid  # a preview changes nothing
+
+    result = stack.up(on_output=print)
+    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["endpoint"].value == f"http://{b.address}:30001"
+    on_b = H.nsenter(b, "sh", "-c", f"systemctl is-active {UNIT}; systemctl is-enabled {UNIT}").stdout.split()
+    assert on_b == ["active", "enabled"], on_b
+    left = H.nsenter(a, "sh", "-c", f"systemctl is-active {UNIT}; ls /etc/systemd/system/{UNIT} "
+                                    f"/etc/systemd/system/multi-user.target.wants/{UNIT} 2>&1; ls /etc/gpu-serving")
+    assert left.stdout.split("\n")[0] == "inactive", left.stdout
+    assert left.stdout.count("No such file or directory") == 2, left.stdout
+    assert "kimi-k2.6.env" in left.stdout  # shared by the machine's other stacks: stays
+    stack.preview(refresh=True, expect_no_changes=True, on_output=print)
