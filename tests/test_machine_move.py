@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.remote import providers, ssh
+from components.remote import identity, providers, ssh
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
@@ -99,3 +99,86 @@ def test_other_files_are_only_removed(commands):
     props = {**_file(conn("10.0.0.11", KEY_A)), "path": "/etc/gpu-serving/other.conf", "reloadSystemd": False}
     providers.RemoteFileProvider().delete("id", props)
     assert commands == [["rm", "-f", "--", "/etc/gpu-serving/other.conf"]]
+
+
+# --- a machine that does not answer, which the stack no longer names ----------------------------
+
+class Settings:
+    """The engine's config as the dynamic provider's `configure` gets it: JSON text per key."""
+
+    def __init__(self, values: dict):
+        import json
+        self.values = {k: json.dumps(v) for k, v in values.items()}
+
+    def get(self, key):
+        return self.values.get(key)
+
+
+@pytest.fixture
+def declared(monkeypatch):
+    monkeypatch.setattr(identity, "_declared", {})
+    monkeypatch.setattr(identity, "_left", set())
+    monkeypatch.setattr(ssh, "rehearsal_info", lambda name: None)
+
+    def declare(values: dict) -> None:
+        identity.remember_config(Settings(values))
+    return declare
+
+
+A = conn("10.0.0.11", KEY_A, entry="gpu-serving:host")
+DECLARED = [
+    # (the stack's host settings now, the state's connection, where it is now (None: still this one))
+    ({"gpu-serving:host": {"address": "10.0.0.11", "hostKey": KEY_A}}, A, None),
+    ({"gpu-serving:host": {"address": "10.0.0.99", "hostKey": KEY_A}}, A, None),  # renumbered
+    ({"gpu-serving:host": {"address": "10.0.0.12", "hostKey": KEY_B}}, A, "10.0.0.12"),
+    ({"gpu-serving:host": {"rehearsal": "default"}}, A, "the rehearsal host 'default'"),
+    ({"gpu-serving:host": {}, "gpu-serving:hosts": [{"name": "gpu1", "address": "10.0.0.11", "hostKey": KEY_A}]}, A, ""),
+    ({"gpu-serving:host": {"user": "root"}, "gpu-serving:hosts": [{"name": "gpu2", "address": "10.0.0.12", "hostKey": KEY_B}]},
+     conn("10.0.0.12", KEY_B, entry="hosts[gpu2]"), None),
+    ({"gpu-serving:host": {"user": "root"}, "gpu-serving:hosts": [{"name": "gpu1", "address": "10.0.0.11", "hostKey": KEY_A}]},
+     conn("10.0.0.12", KEY_B, entry="hosts[gpu2]"), ""),  # its entry removed from the fleet
+    ({"gpu-serving:host": {"user": "root"}, "gpu-serving:hosts": [{"name": "gpu2", "address": "10.0.0.13", "hostKey": KEY_A}]},
+     conn("10.0.0.12", KEY_B, entry="hosts[gpu2]"), "10.0.0.13"),
+    ({"gpu-serving:host": {"address": "10.0.0.12", "hostKey": KEY_B}}, conn("10.0.0.11", KEY_A), None),  # no label: cannot tell
+    ({}, A, None),  # no settings: cannot tell
+]
+
+
+@pytest.mark.parametrize("settings, state, now", DECLARED)
+def test_where_the_stack_now_puts_the_machine(declared, settings, state, now):
+    declared(settings)
+    assert identity.declared_machine(state) == now
+
+
+class Dead:
+    """A provider's read on a machine that does not answer."""
+
+    def __init__(self):
+        self.reads = 0
+
+    def read(self, id, props):
+        self.reads += 1
+        raise ssh.Unreachable("cannot reach root@10.0.0.11:22 over SSH after 3 attempt(s) in 4 s")
+
+
+def test_a_machine_still_named_stops_the_run_at_the_read(declared):
+    declared({"gpu-serving:host": {"address": "10.0.0.11", "hostKey": KEY_A}})
+    with pytest.raises(ssh.Unreachable):
+        identity.checked_read(Dead.read)(Dead(), "id", {"connection": A})
+    assert not identity.left_behind({"connection": A, identity.UNREACHABLE: "x"})
+
+
+def test_a_machine_moved_off_is_recorded_and_its_deletes_run_nothing(declared, commands, capsys):
+    declared({"gpu-serving:host": {"address": "10.0.0.12", "hostKey": KEY_B}})
+    result = identity.checked_read(Dead.read)(Dead(), "id", {**_service(A), "connection": A})
+    assert result.outs[identity.UNREACHABLE].startswith("cannot reach")
+    assert "does not answer" in capsys.readouterr().err
+    # The engine's Check with the program's inputs (the new machine) lets it through ...
+    identity.check(result.inputs, {"connection": conn("10.0.0.12", KEY_B, entry="gpu-serving:host")})
+    # ... but never with this machine declared again.
+    with pytest.raises(ssh.Unreachable):
+        identity.check(result.inputs, {"connection": A})
+    providers.ServiceProvider().delete("id", result.outs)
+    providers.RemoteFileProvider().delete("id", {**_file(A), identity.UNREACHABLE: "x"})
+    assert commands == []
+    assert "sglang-kimi-k2.6-tp8.service is left on 10.0.0.11, which does not answer" in capsys.readouterr().err

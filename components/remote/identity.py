@@ -21,14 +21,29 @@ at the old one: the update connects to the declared address with the declared ke
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import threading
+from typing import Any, Optional
 
 from pulumi.dynamic import ReadResult
 
 from . import ssh
 
 PRESENTED = "hostKeyPresented"
+# A refresh read that cannot reach the state's machine fails the run as it always did, unless
+# the stack no longer names that machine (it was pointed at another one, or its fleet entry
+# removed): the machine the stack moves off is often a dead one. Then the read records why
+# (`hostUnreachable`) and reads nothing, and the deletes there say what they leave behind.
+UNREACHABLE = "hostUnreachable"
+MARKERS = (PRESENTED, UNREACHABLE)
+# The machines (address, port) this run moves off and found unreachable (`left_behind`).
+_left: set[tuple[str, str]] = set()
+# The host settings of the stack as the engine configured the provider with them: this run's
+# (the program's config) in a preview, up, destroy or `refresh --run-program`; the last up's in
+# a bare `pulumi refresh`, so that one still fails on an unreachable host.
+_declared: dict[str, Any] = {}
+HOST_SETTINGS = ("gpu-serving:host", "gpu-serving:hosts", "gpu-serving:router")
 
 _said: set[tuple] = set()
 _said_lock = threading.Lock()
@@ -57,9 +72,22 @@ def checked_read(read):
     not read (see the module's docstring); a read that connects clears an earlier record."""
     @functools.wraps(read)
     def wrapper(self, id, props):
-        props = {k: v for k, v in props.items() if k != PRESENTED}
+        props = {k: v for k, v in props.items() if k not in MARKERS}
         try:
             return read(self, id, props)
+        except ssh.Unreachable as exc:
+            c = props.get("connection") or {}
+            now = declared_machine(c)
+            if now is None:
+                raise  # the stack still names this machine (or cannot tell): the run stops, as ever
+            _left.add(_where(c))
+            instead = f"it now names {now}" if now else "its entry is gone from gpu-serving:hosts"
+            _say_once(("moved-off", _where(c)),
+                      f"{_named(c)} does not answer ({exc}); the stack no longer names that machine ({instead}), so "
+                      "nothing is read there, and what served there cannot be stopped from here. If it comes back, "
+                      "it starts that unit again at boot: disable it there (`systemctl disable --now <unit>`).")
+            outs = {**props, UNREACHABLE: str(exc)}
+            return ReadResult(id_=id, outs=outs, inputs=dict(outs))
         except ssh.HostKeyChanged as exc:
             c = props.get("connection") or {}
             _say_once(("read", ssh.key_blob(exc.presented), ssh.key_blob(exc.pinned)),
@@ -81,6 +109,9 @@ def check(olds: dict, news: dict) -> None:
     program's when the declared key is still the old one."""
     presented = olds.get(PRESENTED)
     old, new = olds.get("connection"), news.get("connection")
+    unreachable = olds.get(UNREACHABLE)
+    if unreachable and isinstance(old, dict) and isinstance(new, dict) and not ssh.another_machine(old, new):
+        raise ssh.Unreachable(str(unreachable))  # read as moved off, yet declared here: never carry on
     if not presented or not isinstance(old, dict) or not isinstance(new, dict) or new.get("unavailable"):
         return
     if (str(new.get("host")), str(new.get("port"))) != (str(old.get("host")), str(old.get("port"))):
@@ -107,10 +138,69 @@ def check(olds: dict, news: dict) -> None:
         f"Refusing to connect: nothing was read from it or sent to it. {fix}")
 
 
+def _where(c: dict) -> tuple[str, str]:
+    return (str(c.get("host")), str(c.get("port")))
+
+
+def left_behind(props: dict) -> bool:
+    """Whether this run found this resource's machine unreachable and the stack no longer names
+    it: its delete there can only say what it leaves (a machine still named fails the run)."""
+    c = props.get("connection")
+    return isinstance(c, dict) and bool(props.get(UNREACHABLE)) and _where(c) in _left
+
+
+def remember_config(config: Any) -> None:
+    """The provider's `configure`: keep the stack's host settings (JSON text from the engine)."""
+    for key in HOST_SETTINGS:
+        value = config.get(key)
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                continue
+        if value is not None:
+            _declared[key] = value
+
+
+def declared_machine(c: dict) -> Optional[str]:
+    """Where the stack's settings now put the machine of connection `c` (its `entry` label):
+    None when that is still this machine or cannot be told (no settings, a state without the
+    label); otherwise the other machine in words, or "" when the entry is gone."""
+    entry = str(c.get("entry") or "")
+    if not _declared or not entry:
+        return None
+    host = _declared.get("gpu-serving:host") if isinstance(_declared.get("gpu-serving:host"), dict) else {}
+    fleet = _declared.get("gpu-serving:hosts")
+    if entry == "gpu-serving:host":
+        if fleet:
+            return ""  # the stack now lists its machines in gpu-serving:hosts instead
+        now = host
+    elif entry.startswith("hosts[") and entry.endswith("]"):
+        named = [h for h in fleet or [] if isinstance(h, dict) and h.get("name") == entry[6:-1]]
+        if not named:
+            return ""
+        now = {**host, **named[0]}
+    elif entry == "gpu-serving:router.host":
+        router = _declared.get("gpu-serving:router")
+        now = router.get("host") if isinstance(router, dict) else None
+        if not isinstance(now, dict):
+            return ""
+    else:
+        return None
+    target = {"host": now.get("address"), "hostKey": now.get("hostKey") or "", "rehearsal": now.get("rehearsal")}
+    if now.get("rehearsal"):
+        info = ssh.rehearsal_info(str(now["rehearsal"])) or {}  # where it runs now, for a state without the label
+        target.update(host=info.get("address"), hostKey=info.get("host_public_key") or "")
+    if not ssh.another_machine(c, target):
+        return None
+    return f"the rehearsal host {now['rehearsal']!r}" if now.get("rehearsal") else str(now.get("address"))
+
+
 def guarded(cls):
     """Class decorator for a provider: its `read` records a changed host key (`checked_read`),
     and its `check` (its own or the inherited one) runs `check` first."""
     cls.read = checked_read(cls.read)
+    cls.configure = lambda self, req: remember_config(req.config)
     inner = cls.check
 
     @functools.wraps(inner)

@@ -431,8 +431,8 @@ class RemoteFileProvider(ResourceProvider):
                           delete_before_replace=False)
 
     def delete(self, id, props):
-        if props.get("retainOnDelete"):
-            return
+        if props.get("retainOnDelete") or identity.left_behind(props):
+            return  # shared, or on a machine this run moved off because it does not answer (said there)
         t = _require_target(props, stored=True)
         unit = posixpath.basename(str(props["path"]))
         if props.get("reloadSystemd") and unit.endswith(".service"):
@@ -837,6 +837,11 @@ class ServiceProvider(ResourceProvider):
         return DiffResult(changes=bool(changed), replaces=replaces + moved, stables=[])
 
     def delete(self, id, props):
+        if identity.left_behind(props):
+            c = props["connection"]
+            _progress(f"{_who(props)}warning: {props['unit']} is left on {c.get('host')}, which does not answer: "
+                      f"if it comes back it starts {props['unit']} at boot; run `systemctl disable --now {props['unit']}` there")
+            return
         t = _require_target(props, stored=True)
         try:
             serving = self._show(t, [props["unit"]])[props["unit"]].get("ActiveState") in S.SERVING_STATES

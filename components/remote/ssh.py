@@ -216,6 +216,10 @@ class HostKeyChanged(RemoteError):
         self.presented, self.pinned = presented, pinned
 
 
+class Unreachable(RemoteError):
+    """No SSH connection could be opened (refused, no route, no answer within the bound)."""
+
+
 def redact(text: str, secret_values: Iterable[str]) -> str:
     for value in secret_values:
         if value and len(value) >= 4:
@@ -293,7 +297,7 @@ def _connect(t: Target) -> paramiko.SSHClient:
             if pause is None or time.monotonic() - start + pause >= 2 * t.connect_timeout:
                 break
             time.sleep(pause)
-    raise RemoteError(f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
+    raise Unreachable(f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
                       f"({type(last).__name__}: {last or 'no answer'}); is the host up and sshd listening?")
 
 

@@ -216,3 +216,31 @@ def test_a_stack_pointed_at_another_machine_moves_there_and_leaves_nothing_servi
     assert left.stdout.count("No such file or directory") == 2, left.stdout
     assert "kimi-k2.6.env" in left.stdout  # shared by the machine's other stacks: stays
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+
+
+def test_a_stack_moves_off_a_machine_that_does_not_answer_saying_what_it_leaves_there(two_machines):
+    """The machine a stack moves off is often a dead one. Its refresh read cannot reach it; the
+    run carries on only because the stack no longer names it (pointed back at the first machine
+    here): the unit starts and is checked there, and the run says what could not be stopped on
+    the dead one. A machine the stack still names stops the run as before."""
+    d, (a, b) = two_machines, two_machines.machines
+    stack = d.stack("tp8")
+    rehearsal.stop(b.name)  # B serves since the test above; now it is gone
+    try:
+        # Still named: the run stops at the read, naming the machine, before any change.
+        text = failing(stack.preview, refresh=True)
+        assert f"cannot reach root@{b.address}:22" in text, "(output above)"
+
+        d.point_at(a)
+        lines: list[str] = []
+        result = stack.up(on_output=lines.append)
+        output = "\n".join(lines)
+        print(output)
+        assert f"(root@{b.address}:22) does not answer" in output and f"it now names {a.address}" in output
+        assert f"warning: {UNIT} is left on {b.address}, which does not answer" in output
+        assert result.outputs["readiness"].value["status"] == "ready"
+        on_a = H.nsenter(a, "sh", "-c", f"systemctl is-active {UNIT}; systemctl is-enabled {UNIT}").stdout.split()
+        assert on_a == ["active", "enabled"], on_a
+        stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+    finally:
+        rehearsal.restart(b.name)
