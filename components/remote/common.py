@@ -22,6 +22,12 @@ def require_target(props: dict, stored: bool = False) -> ssh.Target:
     return ssh.Target.from_props(props, stored=stored)
 
 
+def stop_and_disable(t: ssh.Target, unit: str) -> None:
+    """`systemctl disable --now` of one unit a delete takes away (its failure is not the delete's:
+    a unit already gone answers non-zero)."""
+    ssh.run(t, ["systemctl", "disable", "--now", unit], purpose=f"stopping {unit}", timeout=180, check=False)
+
+
 def changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
     """The `keys` whose value differs between the old and new props (a provider's diff)."""
     # A connection by where and how it connects: a label added to it is no change of the host.

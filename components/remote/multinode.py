@@ -29,6 +29,7 @@ from . import identity, probe, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
+from .common import stop_and_disable as _stop_and_disable
 from .providers import (ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _secrets, _take_replaced,
                         _without_last_reading)
 
@@ -317,5 +318,4 @@ class MultiNodeServiceProvider(ServiceProvider):
         for k in range(len(props.get("ranks") or [])):
             node = self._node(props, k)
             t = _require_target(node, stored=True)
-            ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180,
-                    check=False)
+            _stop_and_disable(t, props["unit"])

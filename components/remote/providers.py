@@ -48,6 +48,7 @@ from .common import changed as _changed
 from .common import moved as _moved
 from .common import progress as _progress
 from .common import require_target as _require_target
+from .common import stop_and_disable as _stop_and_disable
 
 LOCK_PATH = "/run/lock/gpu-serving.lock"
 # How long a file write waits for the host lock when no readiness settings say otherwise.
@@ -439,7 +440,7 @@ class RemoteFileProvider(ResourceProvider):
             # A unit's file goes only with the unit: stopped and disabled first, so it never runs
             # on without a file (then systemctl can no longer disable it). The service's own
             # delete does the same; Pulumi runs the two at once when a move replaces both.
-            ssh.run(t, ["systemctl", "disable", "--now", unit], purpose=f"stopping {unit}", timeout=180, check=False)
+            _stop_and_disable(t, unit)
         ssh.remove_file(t, props["path"])
         if props.get("reloadSystemd"):
             ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
@@ -830,8 +831,8 @@ class ServiceProvider(ResourceProvider):
         moved = _moved(olds, news)
         if moved:
             # Said at the diff, so the preview says it before anything happens.
-            _progress(f"{_who(news)}{news.get('unit')} moves from {ssh.reach(olds['connection']).get('host')} to "
-                      f"{ssh.reach(news['connection']).get('host')}: it starts there and is checked, then it is stopped "
+            _progress(f"{_who(news)}{news.get('unit')} moves from {olds['connection'].get('host')} to "
+                      f"{news['connection'].get('host')}: it starts there and is checked, then it is stopped "
                       "and its unit file removed where it served (CUDA, the venv and the environment file stay)")
         replaces = ["unit"] if olds.get("unit") != news.get("unit") else []
         return DiffResult(changes=bool(changed), replaces=replaces + moved, stables=[])
@@ -848,7 +849,7 @@ class ServiceProvider(ResourceProvider):
         except ssh.RemoteError:
             serving = False  # the stop below still runs; only the warning is lost
         # Only this stack's own unit: siblings and shared files are never touched.
-        ssh.run(t, ["systemctl", "disable", "--now", props["unit"]], purpose=f"stopping {props['unit']}", timeout=180, check=False)
+        _stop_and_disable(t, props["unit"])
         if serving:
             # Pulumi calls no provider code in a destroy's preview: the warning comes when it happens.
             _progress(f"{_who(props)}warning: {props['unit']} served and is stopped: nothing serves on {t.label} now "
