@@ -101,7 +101,10 @@ def make_empty_project(work: Path) -> Project:
     (root / "state").mkdir(parents=True, exist_ok=True)
     project.mkdir(parents=True)
     ours = yaml.safe_load((REPO / "Pulumi.yaml").read_text())
-    doc = {"name": "empty-pulumi", "runtime": ours["runtime"], "options": ours.get("options", {})}
+    runtime = {**ours["runtime"], "options": dict(ours["runtime"].get("options") or {})}
+    # gpu-serving's own call to start its provider early: an empty program has no provider.
+    runtime["options"].pop("invokeFirst", None)
+    doc = {"name": "empty-pulumi", "runtime": runtime, "options": ours.get("options", {})}
     (project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     (project / "__main__.py").write_text(EMPTY_PROGRAM)
     (project / ".venv").symlink_to(REPO / ".venv")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import pulumi
+from pulumi.runtime import config as runtime_config
 
 from .core.config import StackSettings
 from .remote.ssh import rehearsal_info
@@ -26,8 +27,9 @@ class GpuHostArgs:
     setting: str = ""
 
 
-def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
-    """(the secret connection object the providers use, the host's address)."""
+def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]]:
+    """(the secret connection object the providers use, the host's address, the same object as
+    a plain dict when the program knows it now: None while the key is only an Output)."""
     h = args.settings.host
     shared = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
     # Labels for messages (ssh.CONNECTION_LABELS: never a change): which entry, where its key is set.
@@ -44,24 +46,36 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str]:
             conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
                     "unavailable": f"the rehearsal host {h.rehearsal!r} is not running: start it with "
                                    f"`python -m rehearsal up {h.rehearsal}` (or set gpu-serving:host.address)", **shared}
-            return pulumi.Output.secret(conn), conn["host"]
+            return pulumi.Output.secret(conn), conn["host"], None
         key = Path(info["private_key"]).read_text()
         conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
                 "privateKey": key, "hostKey": info["host_public_key"], **shared}
-        return pulumi.Output.secret(conn), info["address"]
+        return pulumi.Output.secret(conn), info["address"], conn
     if not h.host_key:
         raise pulumi.RunError(f"{args.setting or 'gpu-serving:host'}.hostKey is required for a real host: pin its SSH host key "
                               f"(ssh-keyscan -t ed25519 {h.address}), so nobody else can answer in its place")
+
+    def plain(key: str) -> dict:
+        return {"host": h.address, "port": h.port, "user": h.user, "privateKey": key, "hostKey": h.host_key, **shared}
+
     if args.private_key is not None:
-        key_output = args.private_key
-    elif h.private_key_path:
-        key_output = pulumi.Output.secret(Path(h.private_key_path).expanduser().read_text())
-    else:
-        raise pulumi.RunError("no SSH key: set the secret gpu-serving:sshPrivateKey "
-                              "(pulumi config set --secret gpu-serving:sshPrivateKey < key) or host.privateKeyPath")
-    conn = pulumi.Output.secret(key_output).apply(lambda k: {
-        "host": h.address, "port": h.port, "user": h.user, "privateKey": k, "hostKey": h.host_key, **shared})
-    return conn, h.address
+        # The Output's text, from the engine's config, so that the connection is known while the
+        # program runs (for the reads started ahead, `GpuHost.ahead`); else (the SDK's mocks) later.
+        text = runtime_config.get_config("gpu-serving:sshPrivateKey")
+        if isinstance(text, str):
+            conn = plain(text)
+            return pulumi.Output.secret(conn), h.address, conn
+        return pulumi.Output.secret(args.private_key).apply(plain), h.address, None
+    if h.private_key_path:
+        conn = plain(Path(h.private_key_path).expanduser().read_text())
+        return pulumi.Output.secret(conn), h.address, conn
+    raise pulumi.RunError("no SSH key: set the secret gpu-serving:sshPrivateKey "
+                          "(pulumi config set --secret gpu-serving:sshPrivateKey < key) or host.privateKeyPath")
+
+
+# The machines declared in this program run, in order (program.run clears it first and sends
+# their `ahead` props last: provider_start.read_ahead).
+DECLARED: list["GpuHost"] = []
 
 
 class GpuHost(pulumi.ComponentResource):
@@ -75,7 +89,11 @@ class GpuHost(pulumi.ComponentResource):
     def __init__(self, name: str, args: GpuHostArgs, needed_gpus: int, opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpu-serving:index:GpuHost", name, {}, opts)
         s = args.settings
-        self.connection, self.address = connection_of(args)
+        self.connection, self.address, plain = connection_of(args)
+        # What the provider process needs to connect and start this machine's reads before the
+        # engine asks (remote/ahead.py): the host-facts props below that its reads use.
+        self.ahead = {"connection": plain, "cudaHome": s.cuda.home, "prefetch": args.prefetch or []} if plain else None
+        DECLARED.append(self)
         self.facts_resource = HostFacts(f"{name}-facts", {
             "connection": self.connection,
             "cudaHome": s.cuda.home,

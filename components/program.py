@@ -16,8 +16,10 @@ from .core.plan import ServingPlan, check_stack
 from .core.reads import refresh_reads
 from .core.stack_config import RawConfig, from_engine
 from .cuda import CudaToolkit
+from . import gpu_host
 from .gpu_host import GpuHost, GpuHostArgs
 from .multinode import MultiNodeServing
+from .provider_start import read_ahead
 from .readiness_check import ReadinessCheck
 from .remote.ssh import rehearsal_addresses
 from .resources import RouterReadiness
@@ -129,6 +131,14 @@ def engine_config() -> RawConfig:
 
 
 def run() -> None:
+    gpu_host.DECLARED.clear()
+    declare()
+    # Last, once every setting is checked and every resource declared without an error: the
+    # provider connects and starts the reads while the engine gets to its first Read.
+    read_ahead([h.ahead for h in gpu_host.DECLARED if h.ahead])
+
+
+def declare() -> None:
     stack = pulumi.get_stack()
     cfg = pulumi.Config("gpu-serving")
     try:

@@ -28,6 +28,10 @@ LAZY = {
     ("components.__main__", "components.remote.ssh"):
         "`plan` reads running rehearsal hosts' addresses (host.json, no connection; paramiko stays unloaded)",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
+    # The program imports remote/ahead.py for its two tokens: the provider's side stays unloaded there.
+    ("components.remote.ahead", "components.remote.providers"): "loaded ahead by the provider process only (warm_up)",
+    ("components.remote.ahead", "components.remote.ssh"): "the provider process connects; the program never does",
+    ("components.remote.ahead", "components.core.reads"): "the requests are built in the provider process only",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
 

@@ -35,7 +35,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import readcache
 
@@ -305,9 +305,17 @@ def _pin(t: Target) -> Optional[tuple]:
     return getattr(_local, "pins", {}).get(t.key)
 
 
-def client(t: Target) -> paramiko.SSHClient:
+def load() -> None:
+    """Load paramiko now (it is imported lazily, see `client`): the provider process does it while
+    the program is still loading (remote/ahead.py), not in its first read."""
+    with _lock:
+        paramiko.Transport  # noqa: B018
+
+
+def client(t: Target, remember: Callable[[RemoteError], bool] = lambda exc: True) -> paramiko.SSHClient:
     """The cached connection to `t`, opened (or reopened, if it dropped) on demand; inside
-    `one_connection`, the connection pinned there or an error."""
+    `one_connection`, the connection pinned there or an error. A failure to connect is kept for
+    FAILURE_MEMORY seconds, and raised again to the next callers, when `remember(error)`."""
     pin = _pin(t)
     if pin is not None:
         c, during = pin
@@ -335,13 +343,26 @@ def client(t: Target) -> paramiko.SSHClient:
         try:
             c = _connect(t)
         except RemoteError as exc:
-            with _lock:
-                _failures[t.key] = (time.monotonic(), exc)
+            if remember(exc):
+                with _lock:
+                    _failures[t.key] = (time.monotonic(), exc)
             raise
         with _lock:
             _failures.pop(t.key, None)
             _clients[t.key] = c
         return c
+
+
+def connect_ahead(t: Target) -> bool:
+    """Open the connection to `t` before any resource asks for it (remote/ahead.py). Whether it
+    opened; never raises. Of its failures only "cannot reach" is kept for the reads that follow
+    (they would say the same after the same wait); any other (a changed host key, a refused key)
+    is theirs to meet again and word: a read names where the key it checks was recorded."""
+    try:
+        client(t, remember=lambda exc: isinstance(exc, Unreachable))
+        return True
+    except Exception:  # noqa: BLE001 - the reads connect again and report
+        return False
 
 
 @contextmanager

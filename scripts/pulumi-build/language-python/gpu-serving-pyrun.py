@@ -5,6 +5,8 @@
 #   python -u gpu-serving-pyrun.py --module NAME [ARGS...]   behaves as   python -u -m NAME [ARGS...]
 #   --min-pool-threads N (before --script/--module): every concurrent.futures.ThreadPoolExecutor
 #   the program makes may grow to at least N threads (the dynamic-provider launcher says why).
+#   --invokes MODULE (before --module pulumi.dynamic): the provider server's Invoke calls go first
+#   to MODULE.handle(token, args) (see _gs_invokes).
 #
 # Used by our language host for the program (PATH = pulumi-language-python-exec) and by the
 # dynamic-provider launcher (NAME = pulumi.dynamic).
@@ -33,20 +35,24 @@ def _gs_pyrun(argv):
     import os
     import sys
 
-    exit_status, finish, _gs_widen_pools = _gs_exit_status, _gs_finish, _gs_widen
+    exit_status, finish, _gs_widen_pools, serve_invokes = _gs_exit_status, _gs_finish, _gs_widen, _gs_invokes
     _gs_exit_with_parent()
     _gs_defer(DEFERRED)
     main_globals = sys.modules["__main__"].__dict__
     # The program runs in __main__'s namespace, as it would: leave none of ours there.
     for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen", "_gs_exit_with_parent", "_gs_defer",
-                 "DEFERRED"):
+                 "_gs_invokes", "DEFERRED"):
         main_globals.pop(name, None)
 
-    if len(argv) >= 3 and argv[1] == "--min-pool-threads":
-        _gs_widen_pools(int(argv[2]))
+    while len(argv) >= 3 and argv[1] in ("--min-pool-threads", "--invokes"):
+        if argv[1] == "--min-pool-threads":
+            _gs_widen_pools(int(argv[2]))
+        else:
+            serve_invokes(argv[2])
         argv = [argv[0], *argv[3:]]
     if len(argv) < 3 or argv[1] not in ("--script", "--module"):
-        sys.stderr.write("usage: gpu-serving-pyrun.py [--min-pool-threads N] --script PATH [ARGS...] | --module NAME [ARGS...]\n")
+        sys.stderr.write("usage: gpu-serving-pyrun.py [--min-pool-threads N] [--invokes MODULE] --script PATH [ARGS...] "
+                         "| --module NAME [ARGS...]\n")
         raise SystemExit(2)
     mode, target, args = argv[1], argv[2], argv[3:]
     try:
@@ -176,6 +182,52 @@ def _gs_widen(threads):
 
     concurrent.futures.ThreadPoolExecutor = ThreadPoolExecutor
     concurrent.futures.thread.ThreadPoolExecutor = ThreadPoolExecutor
+
+
+def _gs_invokes(module_name):
+    """Give the dynamic-provider server's Invoke calls to `module_name`.handle(token, args) first:
+    it returns the answer (a dict) or None, and None (or a module the working directory does not
+    have: another project on this engine) leaves the call to the SDK's server, which refuses every
+    Invoke as not implemented. The SDK's server is built inside its unguarded main(); the one
+    place to reach it without a copy of that server is where it registers its servicer with grpc,
+    so that function is wrapped: the servicer's Invoke is replaced on the instance before grpc
+    reads it. The module is imported on the first call (from the working directory, the project,
+    as the pickled providers are), and `args` is the request's Struct as a plain dict."""
+    import importlib
+
+    from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
+
+    register = provider_pb2_grpc.add_ResourceProviderServicer_to_server
+    found = []
+
+    def handler():
+        if not found:
+            try:
+                found.append(importlib.import_module(module_name).handle)
+            except ImportError:
+                found.append(None)
+        return found[0]
+
+    def add_servicer(servicer, server):
+        not_ours = servicer.Invoke
+
+        def Invoke(request, context):
+            handle = handler()
+            answer = None
+            if handle is not None:
+                from google.protobuf import json_format, struct_pb2
+
+                answer = handle(request.tok, json_format.MessageToDict(request.args))
+            if answer is None:
+                return not_ours(request, context)
+            ret = struct_pb2.Struct()
+            ret.update(answer)
+            return provider_pb2.InvokeResponse(**{"return": ret})
+
+        servicer.Invoke = Invoke
+        return register(servicer, server)
+
+    provider_pb2_grpc.add_ResourceProviderServicer_to_server = add_servicer
 
 
 def _gs_exit_status(code):

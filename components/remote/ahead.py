@@ -1,0 +1,89 @@
+"""The provider process's work ahead of the engine's first call about a resource.
+
+The engine sends the dynamic provider its first Read only once the Python program's body has run
+(the SDK sends the program's requests after it) and the engine has taken the first resource's
+step: ~0.5 s after the provider process is up, on this project's machines. Until then the process
+sat idle, and its first read then paid, in a row, the import of the providers and paramiko, the
+SSH connection and the host-facts command, before the reads it prefetches could even start
+(docs/benchmarks.md, issue 18).
+
+Two calls from the program (components/provider_start.py) fill that gap; the provider answers
+both at once and works in daemon threads:
+
+- START (first thing in the program, which makes the engine launch this process early): load the
+  providers' modules and paramiko. Touches no host.
+- READ_AHEAD (the program's last step, once its settings are checked and every resource is
+  declared without an error): for each machine the program declared, with the very props it gives
+  that machine's host-facts resource, open the connection and start the host-facts read and every
+  read `reads.refresh_reads` lists (`ssh.prefetch`). The engine's reads then find the connection
+  open and take those results under readcache.py's rules (the same request, read after no change
+  of the host, no older than its max_age); a result nobody takes is dropped with the process.
+  A bad setting never gets here: the program stops before it sends anything.
+
+Served by gpu-serving-pyrun.py's `--invokes` (the provider launcher names this module): the
+runner gives `handle` every Invoke the SDK's provider server would refuse as not implemented.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any, Callable, Optional
+
+# The tokens: in the dynamic provider's package, so the engine sends them to this process.
+START = "pulumi-python:dynamic:startProvider"
+READ_AHEAD = "pulumi-python:dynamic:readAhead"
+
+
+def handle(token: str, args: dict) -> Optional[dict]:
+    """The answer to an Invoke of `token` (None: not ours, the SDK's server answers it)."""
+    if token == START:
+        _spawn(warm_up)
+        return {}
+    if token == READ_AHEAD:
+        for props in hosts_of(args):
+            _spawn(read_ahead, props)
+        return {}
+    return None
+
+
+def hosts_of(args: dict) -> list[dict]:
+    """The host-facts props the program sent: a JSON list (exact numbers, which a protobuf Struct
+    would turn into floats), kept a secret on its way through the engine."""
+    value: Any = args.get("hosts")
+    if isinstance(value, dict) and "value" in value:  # still wrapped as a secret
+        value = value["value"]
+    try:
+        hosts = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return []
+    return [h for h in hosts if isinstance(h, dict)] if isinstance(hosts, list) else []
+
+
+def warm_up() -> None:
+    from . import providers, ssh  # noqa: F401 - what the first Read would load
+    ssh.load()
+
+
+def read_ahead(props: dict) -> int:
+    """Connect to the machine `props` name and start its reads; the number started."""
+    from ..core import reads
+    from . import ssh
+
+    connection = props.get("connection")
+    if not isinstance(connection, dict) or connection.get("unavailable"):
+        return 0
+    t = ssh.Target.from_props(props)
+    requests = reads.host_facts(props) + reads.expand(props.get("prefetch"))
+    if not ssh.connect_ahead(t):
+        return 0
+    return ssh.prefetch(t, requests)
+
+
+def _spawn(fn: Callable, *args: Any) -> None:
+    def run() -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - work ahead is never a reason to fail: the engine's calls redo it
+            pass
+
+    threading.Thread(target=run, name="gpu-serving-ahead", daemon=True).start()
