@@ -96,7 +96,79 @@ def test_facts_stored_without_their_problem_still_name_no_gpus():
 
 def test_the_facts_script_ends_with_the_line_that_says_the_answer_is_whole():
     assert F.FACTS_SCRIPT.strip().splitlines()[-1] == "echo '@@end'"
-    assert [line.split("'")[1][2:] for line in F.FACTS_SCRIPT.strip().splitlines()] == list(F.FACTS_SECTIONS)
+    assert re.findall(r"echo '@@(\w+)'", F.FACTS_SCRIPT) == list(F.FACTS_SECTIONS)
+
+
+# The answer the facts script gives when its commands run one after the other: what every
+# recorded case above holds, and what the concurrent script must print, byte for byte.
+IN_TURN = r"""
+echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
+echo '@@smi'; nvidia-smi 2>&1 | head -n 6
+echo '@@topo'; nvidia-smi topo -m 2>&1
+echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
+echo '@@os'; cat /etc/os-release
+echo '@@kernel'; uname -r
+echo '@@end'
+""".replace("{query}", " ".join(F.GPU_QUERY[1:]))
+
+# A stand-in nvidia-smi / nvcc whose slowest answer is the first section's, each logging when it
+# ran: printed in turn, the sections would come back in the wrong order if nothing sorted them.
+FAKE_SMI = r"""#!/bin/sh
+echo "start $(date +%s.%N) $*" >> "$FAKE_LOG"
+case "$1" in
+  --query-gpu=*) sleep 0.4; [ -n "$SMI_FAIL" ] && { echo "NVIDIA-SMI has failed"; exit 9; }
+                 i=0; while [ $i -lt 8 ]; do echo "$i, GPU-$i, NVIDIA H200, 143771, 570.86.15, 00000000:0$i:00.0"; i=$((i+1)); done ;;
+  topo) sleep 0.1; printf '\033[4mGPU0\tGPU1\033[0m\nGPU0\t X \tNV18\n\nLegend:\n  X    = Self\n' ;;
+  "") sleep 0.2; i=0; while [ $i -lt 40 ]; do echo "header line $i with some width to it ....................."; i=$((i+1)); done ;;
+esac
+echo "end $(date +%s.%N) $*" >> "$FAKE_LOG"
+"""
+FAKE_NVCC = r"""#!/bin/sh
+echo "start $(date +%s.%N) nvcc" >> "$FAKE_LOG"
+sleep 0.3
+printf 'nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.0, V13.0.48\n'
+echo "end $(date +%s.%N) nvcc" >> "$FAKE_LOG"
+"""
+
+
+@pytest.mark.parametrize("variant", ["all answer", "nvidia-smi fails", "no nvcc"])
+def test_the_facts_commands_run_at_once_and_answer_as_if_in_turn(tmp_path, variant):
+    import os
+    import subprocess
+
+    bin_dir, cuda = tmp_path / "bin", tmp_path / "cuda"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    if variant != "no nvcc":
+        (cuda / "bin").mkdir(parents=True)
+        (cuda / "bin" / "nvcc").write_text(FAKE_NVCC)
+        (cuda / "bin" / "nvcc").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path / "log"),
+           **({"SMI_FAIL": "1"} if variant == "nvidia-smi fails" else {})}
+
+    def answer(script):
+        out = subprocess.run(["sh", "-c", script, "sh", str(cuda)], env=env, capture_output=True, timeout=60)
+        assert out.returncode == 0 and out.stderr == b"", out
+        return out.stdout
+
+    concurrent = answer(F.FACTS_SCRIPT)
+    log = (tmp_path / "log").read_text().split("\n")
+    (tmp_path / "log").unlink()
+    # The same bytes, but for the line of the script a shell names in its own error ("sh: 6:
+    # .../nvcc: not found"), which no parser reads.
+    def same(text):
+        return re.sub(rb"^sh: \d+: ", b"sh: N: ", text, flags=re.M)
+
+    assert same(concurrent) == same(answer(IN_TURN))
+    facts = F.parse_facts(concurrent.decode())
+    assert len(facts.gpus) == (0 if variant == "nvidia-smi fails" else 8)
+    assert facts.toolkit_version == (None if variant == "no nvcc" else "13.0")
+    # At once: every command had started before the first one ended.
+    events = [line.split(" ", 2) for line in log if line]
+    first_end = min(float(t) for kind, t, _ in events if kind == "end")
+    starts = [float(t) for kind, t, _ in events if kind == "start"]
+    assert len(starts) == (3 if variant == "no nvcc" else 4) and max(starts) < first_end, log
 
 
 # ---------------------------------------------------------------------------------------------

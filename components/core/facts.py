@@ -149,11 +149,21 @@ def parse_systemctl_show(text: str) -> dict[str, dict[str, str]]:
 # failure is part of the answer (no nvcc yet = no toolkit), not an error of the read. The last
 # line, @@end, says the answer is whole: without it (a connection lost mid-answer) an empty
 # section would read as "no GPUs" or "no toolkit", so `parse_facts` refuses the answer instead.
+#
+# The three nvidia-smi calls and nvcc run at once (each takes 0.1 s to seconds: the driver's
+# start, a Python stand-in on a rehearsal host; one after the other they were most of a drift
+# check's first read, docs/benchmarks.md, issue 18), and the answer is the same text as if they
+# had run in turn: every line of a section is tagged with the section's number as it is printed
+# (awk, one write per line: lines of concurrent sections never mix within a line), a stable sort
+# by that number puts the sections back in order with each one's lines as printed, and the tag
+# goes. Nothing is written on the host (no temporary file: a read writes nothing).
 FACTS_SCRIPT = r"""
-echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
-echo '@@smi'; nvidia-smi 2>&1 | head -n 6
-echo '@@topo'; nvidia-smi topo -m 2>&1
-echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
+tag() { awk -v n="$1" '{ print n " " $0; fflush() }'; }
+{ { echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"; } | tag 1 &
+  { echo '@@smi'; nvidia-smi 2>&1 | head -n 6; } | tag 2 &
+  { echo '@@topo'; nvidia-smi topo -m 2>&1; } | tag 3 &
+  { echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"; } | tag 4 &
+  wait; } | sort -s -n -k1,1 | cut -d ' ' -f 2-
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
 echo '@@end'
