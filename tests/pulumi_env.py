@@ -12,8 +12,10 @@ scripts/versions.env (`versions()`).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,3 +130,24 @@ def settings_only_stack_files(project: Path) -> None:
     for stack_file in Path(project).glob("Pulumi.*.yaml"):
         doc = yaml.safe_load(stack_file.read_text()) or {}
         stack_file.write_text(yaml.safe_dump({"config": doc.get("config") or {}}, sort_keys=False))
+
+
+@contextmanager
+def provider_process(cwd: Path) -> Iterator[object]:
+    """The dynamic-provider launcher (scripts/pulumi-build/language-python) started as the engine
+    starts it, with the project's venv, in `cwd` (the project whose modules it loads): a stub of
+    its gRPC server. The process group is killed afterwards."""
+    import grpc
+    from pulumi.runtime.proto import provider_pb2_grpc
+
+    launcher = REPO / "scripts" / "pulumi-build" / "language-python" / "pulumi-resource-pulumi-python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
+    env["PULUMI_RUNTIME_VIRTUALENV"] = str(REPO / ".venv")
+    proc = subprocess.Popen([str(launcher), "127.0.0.1:1"], stdout=subprocess.PIPE, env=env, cwd=cwd,
+                            start_new_session=True, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield provider_pb2_grpc.ResourceProviderStub(channel)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)

@@ -59,11 +59,12 @@ def test_program_registers_components_with_rendered_unit(stack, monkeypatch):
     assert "siblings" not in service and service["configHash"]
 
 
-def run_program(stack: str, config: dict) -> Recorder:
-    """The program under mocks with `config`; the recorder of what it registered."""
+def run_program(stack: str, config: dict, secret_keys: list[str] | None = None) -> Recorder:
+    """The program under mocks with `config` (`secret_keys` of it set as secrets); the recorder of
+    what it registered."""
     rec = Recorder()
     pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
-    pulumi.runtime.set_all_config(config)
+    pulumi.runtime.set_all_config(config, secret_keys)
     from components.program import run
 
     @pulumi.runtime.test

@@ -207,23 +207,9 @@ def _plain(value):
 
 
 def _run_program(stack: str, config: dict):
-    """tests/test_program_mocks.run_program, with the private key a secret (as `config set --secret`)."""
-    import pulumi
-
-    from tests.test_program_mocks import Recorder
-
-    rec = Recorder()
-    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
-    pulumi.runtime.set_all_config(config, ["gpu-serving:sshPrivateKey"])
-    from components.program import run
-
-    @pulumi.runtime.test
-    def check():
-        run()
-        return pulumi.Output.from_input(True).apply(lambda _: None)
-
-    check()
-    return rec
+    """The program under the SDK's mocks, the private key a secret (as `config set --secret`)."""
+    from tests.test_program_mocks import run_program
+    return run_program(stack, config, ["gpu-serving:sshPrivateKey"])
 
 
 def test_the_program_names_each_machine_with_its_host_facts_props_last(monkeypatch):

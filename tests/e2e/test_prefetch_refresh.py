@@ -108,22 +108,18 @@ def test_reads_started_ahead_serve_the_engines_reads(deployment):
     # host-facts Read that follows is served from them: no second connection, no new session.
     import asyncio
     import json
-    import os
-    import signal
-    import subprocess
     import time
 
-    import grpc
     from google.protobuf import struct_pb2
     from pulumi.dynamic.dynamic import serialize_provider
     from pulumi.runtime import rpc
-    from pulumi.runtime.proto import provider_pb2, provider_pb2_grpc
+    from pulumi.runtime.proto import provider_pb2
 
     from components.core.plan import plan_stack
     from components.core.reads import refresh_reads
     from components.remote.ahead import READ_AHEAD
     from components.remote.providers import HostFactsProvider
-    from tests.pulumi_env import REPO
+    from tests.pulumi_env import REPO, provider_process
 
     d = deployment
     d.stack("tp8").up(on_output=print)
@@ -134,34 +130,24 @@ def test_reads_started_ahead_serve_the_engines_reads(deployment):
     connection = {"host": h.address, "port": h.port, "user": h.user, "privateKey": open(h.private_key).read(),
                   "hostKey": h.host_public_key, "rehearsal": h.name, "entry": "gpu-serving:host"}
     props = {"connection": connection, "cudaHome": plan.settings.cuda.home, "prefetch": refresh_reads(plan)}
-    launcher = REPO / "scripts" / "pulumi-build" / "language-python" / "pulumi-resource-pulumi-python"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
-    env["PULUMI_RUNTIME_VIRTUALENV"] = str(REPO / ".venv")
     mark = record.mark()
-    proc = subprocess.Popen([str(launcher), "127.0.0.1:1"], stdout=subprocess.PIPE, env=env, cwd=REPO,
-                            start_new_session=True, text=True)
-    try:
-        port = int(proc.stdout.readline())
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = provider_pb2_grpc.ResourceProviderStub(channel)
-            args = struct_pb2.Struct()
-            args.update({"hosts": json.dumps([props])})
-            stub.Invoke(provider_pb2.InvokeRequest(tok=READ_AHEAD, args=args), timeout=30)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _sessions(record.since(mark)[0])[0] < 7:
-                time.sleep(0.2)
-            ahead, logins = record.since(mark)
-            assert logins == 1 and _sessions(ahead) == (7, 2), (logins, ahead)
-            assert any("nvidia-smi" in c for c in ahead), ahead  # the host-facts read is among them
+    with provider_process(REPO) as stub:
+        args = struct_pb2.Struct()
+        args.update({"hosts": json.dumps([props])})
+        stub.Invoke(provider_pb2.InvokeRequest(tok=READ_AHEAD, args=args), timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _sessions(record.since(mark)[0])[0] < 7:
+            time.sleep(0.2)
+        ahead, logins = record.since(mark)
+        assert logins == 1 and _sessions(ahead) == (7, 2), (logins, ahead)
+        assert any("nvidia-smi" in c for c in ahead), ahead  # the host-facts read is among them
 
-            served = record.mark()
-            state = asyncio.run(rpc.serialize_properties(
-                {"__provider": serialize_provider(HostFactsProvider()), **props, "expect": {"neededGpus": 0}}, {}))
-            answer = stub.Read(provider_pb2.ReadRequest(
-                id=f"{h.address}:22", urn="urn:pulumi:tp8::gpu-serving::gpu-serving:index:GpuHost$"
-                "pulumi-python:dynamic/gpu-serving:HostFacts::host-facts", properties=state), timeout=60)
-            facts = rpc.deserialize_properties(answer.properties)["facts"]
-            assert facts["gpu_count"] == 8, facts
-            assert record.since(served) == ([], 0)  # served from what was read ahead
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        served = record.mark()
+        state = asyncio.run(rpc.serialize_properties(
+            {"__provider": serialize_provider(HostFactsProvider()), **props, "expect": {"neededGpus": 0}}, {}))
+        answer = stub.Read(provider_pb2.ReadRequest(
+            id=f"{h.address}:22", urn="urn:pulumi:tp8::gpu-serving::gpu-serving:index:GpuHost$"
+            "pulumi-python:dynamic/gpu-serving:HostFacts::host-facts", properties=state), timeout=60)
+        facts = rpc.deserialize_properties(answer.properties)["facts"]
+        assert facts["gpu_count"] == 8, facts
+        assert record.since(served) == ([], 0)  # served from what was read ahead

@@ -440,30 +440,22 @@ def test_launcher_gives_the_providers_invokes_to_the_projects_module(tmp_path, w
         (tmp_path / "components" / "remote" / "ahead.py").write_text(FAKE_AHEAD)
     from pulumi.runtime.proto import provider_pb2
 
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
-    env["PULUMI_RUNTIME_VIRTUALENV"] = str(VENV)
-    proc = subprocess.Popen([str(LAUNCHER), "127.0.0.1:1"], stdout=subprocess.PIPE, env=env, cwd=tmp_path,
-                            start_new_session=True, text=True)
-    try:
-        port = int(proc.stdout.readline())
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = provider_pb2_grpc.ResourceProviderStub(channel)
+    from tests.pulumi_env import provider_process
 
-            def invoke(token):
-                args = struct_pb2.Struct()
-                args.update({"n": 3})
-                return stub.Invoke(provider_pb2.InvokeRequest(tok=token, args=args), timeout=30)
+    with provider_process(tmp_path) as stub:
+        def invoke(token):
+            args = struct_pb2.Struct()
+            args.update({"n": 3})
+            return stub.Invoke(provider_pb2.InvokeRequest(tok=token, args=args), timeout=30)
 
-            if with_module:
-                answer = getattr(invoke("pulumi-python:dynamic:ours"), "return")
-                assert dict(answer) == {"seen": "pulumi-python:dynamic:ours", "n": 3}
-            for token in ("pulumi-python:dynamic:ours", "pulumi-python:dynamic:notOurs")[1 if with_module else 0:]:
-                with pytest.raises(grpc.RpcError) as info:
-                    invoke(token)
-                assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
-                assert "not implemented" in info.value.details().lower()
-        calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()] if with_module else []
-        assert calls == ([["pulumi-python:dynamic:ours", {"n": 3}], ["pulumi-python:dynamic:notOurs", {"n": 3}]]
-                         if with_module else [])
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
+        if with_module:
+            answer = getattr(invoke("pulumi-python:dynamic:ours"), "return")
+            assert dict(answer) == {"seen": "pulumi-python:dynamic:ours", "n": 3}
+        for token in ("pulumi-python:dynamic:ours", "pulumi-python:dynamic:notOurs")[1 if with_module else 0:]:
+            with pytest.raises(grpc.RpcError) as info:
+                invoke(token)
+            assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            assert "not implemented" in info.value.details().lower()
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()] if with_module else []
+    assert calls == ([["pulumi-python:dynamic:ours", {"n": 3}], ["pulumi-python:dynamic:notOurs", {"n": 3}]]
+                     if with_module else [])
