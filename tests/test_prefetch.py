@@ -66,6 +66,23 @@ def test_a_key_pending_or_held_is_not_read_again():
     assert calls == ["a"]
 
 
+def test_each_host_is_read_at_once_whatever_another_host_has_queued():
+    # The bound on reads in flight is per host (they share that host's connection): a fleet's
+    # second host is not kept waiting behind the first one's reads (the provider starts every
+    # declared machine's reads at the same moment, remote/ahead.py).
+    cache = readcache.ReadCache(workers=2)
+    gate = threading.Event()
+    try:
+        assert cache.prefetch("gpu1", [job(f"r{i}", i, gate) for i in range(5)]) == 5  # its 2 workers held
+        assert cache.prefetch("gpu2", [job("facts", "ok")]) == 1
+        assert cache.take("gpu2", "facts") == "ok"  # served while gpu1's reads still hang
+        assert cache.held("gpu1") == [f"r{i}" for i in range(5)]
+    finally:
+        gate.set()
+    assert cache.wait_idle()
+    assert [cache.take("gpu1", f"r{i}") for i in range(5)] == list(range(5))
+
+
 def test_a_change_clears_the_hosts_results_and_only_that_hosts():
     cache = readcache.ReadCache()
     cache.prefetch("h", [job("a", 1), job("b", 2)])

@@ -35,8 +35,9 @@ from typing import Any, Callable, Hashable, Iterable
 
 # Seconds a prefetched result stays servable, counted from the moment its read started.
 MAX_AGE = 5.0
-# Prefetch reads in flight at once per process (each holds an SSH session; the transport keeps
-# a connection's sessions under sshd's limit itself, ssh.MAX_CHANNELS).
+# Prefetch reads in flight at once per host (each holds an SSH session on that host's connection;
+# the transport keeps a connection's sessions under sshd's limit itself, ssh.MAX_CHANNELS). Per
+# host, not per process: the hosts of a fleet are read at once, none waits behind another's reads.
 WORKERS = 4
 
 MISS = object()  # take(): nothing to serve, make the real read
@@ -75,8 +76,8 @@ class ReadCache:
         self._changing: dict[Hashable, int] = {}
         self._activity: dict[Hashable, int] = {}
         self._window: dict[Hashable, float] = {}
-        self._queue: deque = deque()
-        self._running = 0
+        self._queues: dict[Hashable, deque] = {}
+        self._running: dict[Hashable, int] = {}
         self.stats = {"queued": 0, "stored": 0, "served": 0, "discarded": 0}
 
     # --- prefetching -------------------------------------------------------------------------
@@ -95,34 +96,36 @@ class ReadCache:
                     continue
                 for k, e in fresh.items():
                     self._entries[(scope, k)] = e
-                self._queue.append((scope, fresh, fn))
+                self._queues.setdefault(scope, deque()).append((fresh, fn))
                 queued += 1
             self.stats["queued"] += queued
-            for _ in range(min(self.workers - self._running, len(self._queue))):
-                self._running += 1
+            queue = self._queues.get(scope) or deque()
+            for _ in range(min(self.workers - self._running.get(scope, 0), len(queue))):
+                self._running[scope] = self._running.get(scope, 0) + 1
                 try:
                     # Daemon threads: a read hung on a frozen connection never holds the process up.
-                    threading.Thread(target=self._work, name="gpu-serving-prefetch", daemon=True).start()
+                    threading.Thread(target=self._work, args=(scope,), name="gpu-serving-prefetch", daemon=True).start()
                 except RuntimeError:  # no thread to spare: these reads are simply not prefetched
-                    self._running -= 1
+                    self._running[scope] -= 1
                     break
-            if not self._running:
-                while self._queue:
-                    q_scope, entries, _ = self._queue.popleft()
-                    self._drop(q_scope, entries)
+            if not self._running.get(scope):
+                while queue:
+                    entries, _ = queue.popleft()
+                    self._drop(scope, entries)
                 return 0
             return queued
 
-    def _work(self) -> None:
+    def _work(self, scope: Hashable) -> None:
         exited = False
+        queue = self._queues[scope]
         try:
             while True:
                 with self._cond:
-                    if not self._queue:
-                        self._running -= 1  # under the same lock as the check: no job is left behind
+                    if not queue:
+                        self._running[scope] -= 1  # under the same lock as the check: no job is left behind
                         exited = True
                         return
-                    scope, entries, fn = self._queue.popleft()
+                    entries, fn = queue.popleft()
                     live = {k: e for k, e in entries.items() if self._entries.get((scope, k)) is e}
                     if not live:
                         continue
@@ -154,7 +157,7 @@ class ReadCache:
         finally:
             if not exited:  # an unexpected error: free the worker slot (a key it held is given up
                 with self._cond:  # by its reader within max_age, as a late read is)
-                    self._running -= 1
+                    self._running[scope] -= 1
                     self._cond.notify_all()
 
     def _drop(self, scope: Hashable, entries: dict) -> None:
@@ -277,7 +280,8 @@ class ReadCache:
         """Wait until no prefetch job is queued or running (tests)."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._running or any(e.state == "pending" for e in self._entries.values()):
+            while any(self._queues.values()) or any(self._running.values()) \
+                    or any(e.state == "pending" for e in self._entries.values()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
