@@ -44,10 +44,13 @@ def read_ahead(hosts: list[dict]) -> threading.Thread | None:
         return None
     from pulumi.runtime import rpc
 
-    # A JSON text, so that numbers arrive as they were (a Struct makes every one a float), marked
-    # secret: it holds the private keys, and the engine keeps a secret out of its logs.
-    secret = {rpc._special_sig_key: rpc._special_secret_sig, "value": json.dumps(hosts)}
-    return _invoke(READ_AHEAD, {"hosts": secret}, "gpu-serving-read-ahead")
+    try:
+        # A JSON text, so that numbers arrive as they were (a Struct makes every one a float),
+        # marked secret: it holds the private keys, and the engine keeps a secret out of its logs.
+        secret = {rpc._special_sig_key: rpc._special_secret_sig, "value": json.dumps(hosts)}
+        return _invoke(READ_AHEAD, {"hosts": secret}, "gpu-serving-read-ahead")
+    except Exception:  # noqa: BLE001 - reading ahead is never a reason to fail the run: the engine's reads do it all
+        return None
 
 
 def _invoke(token: str, args: Optional[dict], name: str) -> threading.Thread | None:

@@ -177,6 +177,13 @@ def test_the_program_sends_the_machines_as_one_secret(monkeypatch):
     assert isinstance(ahead.hosts_of(args)[0]["connection"]["port"], int)
 
 
+def test_a_machine_that_cannot_be_sent_fails_nothing(monkeypatch):
+    monitor = Monitor()
+    monkeypatch.setattr(settings, "get_monitor", lambda: monitor)
+    assert provider_start.read_ahead([{**PROPS, "cudaHome": object()}]) is None  # not JSON
+    assert monitor.requests == []
+
+
 def test_nothing_is_sent_for_no_machine_or_outside_an_engine_run(monkeypatch):
     monitor = Monitor()
     monkeypatch.setattr(settings, "get_monitor", lambda: monitor)
