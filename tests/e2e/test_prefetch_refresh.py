@@ -143,8 +143,14 @@ def test_reads_started_ahead_serve_the_engines_reads(deployment):
         assert any("nvidia-smi" in c for c in ahead), ahead  # the host-facts read is among them
 
         served = record.mark()
-        state = asyncio.run(rpc.serialize_properties(
-            {"__provider": serialize_provider(HostFactsProvider()), **props, "expect": {"neededGpus": 0}}, {}))
+        # A loop of its own, never made the thread's current one (asyncio.run would leave the
+        # main thread without one, and the SDK's mocks in later tests of the same run need it).
+        loop = asyncio.new_event_loop()
+        try:
+            state = loop.run_until_complete(rpc.serialize_properties(
+                {"__provider": serialize_provider(HostFactsProvider()), **props, "expect": {"neededGpus": 0}}, {}))
+        finally:
+            loop.close()
         answer = stub.Read(provider_pb2.ReadRequest(
             id=f"{h.address}:22", urn="urn:pulumi:tp8::gpu-serving::gpu-serving:index:GpuHost$"
             "pulumi-python:dynamic/gpu-serving:HostFacts::host-facts", properties=state), timeout=60)
