@@ -182,3 +182,77 @@ def test_a_machine_moved_off_is_recorded_and_its_deletes_run_nothing(declared, c
     providers.RemoteFileProvider().delete("id", {**_file(A), identity.UNREACHABLE: "x"})
     assert commands == []
     assert "sglang-kimi-k2.6-tp8.service is left on 10.0.0.11, which does not answer" in capsys.readouterr().err
+
+
+# --- the router's own machine (gpu-serving:router.host or .runsOn) -------------------------------
+
+def _router(connection, unit="gpu-serving-router.service") -> dict:
+    return {"connection": connection, "unit": unit, "unitText": "[Unit]\n", "bind": "0.0.0.0", "port": 30080,
+            "venvPath": "/opt/gpu-serving-router", "adminKey": "admin-key-0123456789", "active": True, "enabled": True}
+
+
+@pytest.fixture
+def router_steps(monkeypatch, commands):
+    """RouterServiceProvider's update over the recorded transport: the new router's start is
+    recorded as one step (`converge <host>`) between the old one's commands."""
+    from components.remote import router
+    monkeypatch.setattr(router.RouterServiceProvider, "_converge",
+                        lambda self, props: commands.append(["converge", props["connection"]["host"]]) or dict(props))
+    return router.RouterServiceProvider()
+
+
+def test_a_router_moved_to_another_machine_starts_there_before_the_old_one_is_retired(router_steps, commands, capsys):
+    """The router's resources are kept on delete (every strategy stack declares the same router),
+    so a move is an update that retires the old router itself, after the new one answers: never
+    two routers enabled, never one left running on a machine the stack no longer names."""
+    old, new = _router(conn("10.0.0.11", KEY_A, entry="gpu-serving:router.host")), _router(conn("10.0.0.12", KEY_B))
+    diff = router_steps.diff("id", old, new)
+    assert diff.changes and diff.replaces == []
+    said = capsys.readouterr().err
+    assert "router: gpu-serving-router.service moves from 10.0.0.11 to 10.0.0.12: it starts there and is checked" in said
+    router_steps.update("id", old, new)
+    unit = "gpu-serving-router.service"
+    assert commands == [["converge", "10.0.0.12"], ["systemctl", "disable", "--now", unit],
+                        ["rm", "-f", "--", f"/etc/systemd/system/{unit}"],
+                        ["rm", "-f", "--", "/etc/gpu-serving/gpu-serving-router.env"],
+                        ["rm", "-f", "--", f"/run/gpu-serving/{unit}.started"], ["systemctl", "daemon-reload"]]
+    assert "stopped and disabled on 10.0.0.11, its unit file and environment file removed" in capsys.readouterr().err
+
+
+def test_a_renamed_router_unit_stops_the_old_one_first_since_both_take_the_port(router_steps, commands, capsys):
+    old = _router(conn("10.0.0.11", KEY_A))
+    new = _router(conn("10.0.0.11", KEY_A), unit="gpu-serving-router-b.service")
+    router_steps.diff("id", old, new)
+    assert "gpu-serving-router.service is renamed gpu-serving-router-b.service" in capsys.readouterr().err
+    router_steps.update("id", old, new)
+    assert commands[0] == ["systemctl", "disable", "--now", "gpu-serving-router.service"]
+    assert commands[-1] == ["converge", "10.0.0.11"]
+    assert ["rm", "-f", "--", "/etc/gpu-serving/gpu-serving-router.env"] in commands
+
+
+@pytest.mark.parametrize("new", [conn("10.0.0.11", KEY_A), conn("10.0.0.99", KEY_A), conn("10.0.0.11", KEY_B)],
+                         ids=["unchanged", "renumbered", "reinstalled"])
+def test_a_router_on_the_same_machine_retires_nothing(router_steps, commands, new, capsys):
+    router_steps.update("id", _router(conn("10.0.0.11", KEY_A)), _router(new))
+    assert commands == [["converge", new["host"]]]
+    assert "moves from" not in capsys.readouterr().err
+
+
+def test_a_router_moved_off_a_dead_machine_is_left_there_and_said(declared, router_steps, commands, capsys):
+    """The old router's machine does not answer and the stack names another one: the refresh
+    records it, the new router starts, and the old one is left with the command that stops it."""
+    declared({"gpu-serving:router": {"host": {"address": "10.0.0.12", "hostKey": KEY_B}}})
+    old_c = conn("10.0.0.11", KEY_A, entry="gpu-serving:router.host")
+    read = identity.checked_read(Dead.read)(Dead(), "id", _router(old_c))
+    assert read.outs[identity.UNREACHABLE]
+    router_steps.update("id", read.outs, _router(conn("10.0.0.12", KEY_B, entry="gpu-serving:router.host")))
+    assert commands == [["converge", "10.0.0.12"]]
+    said = capsys.readouterr().err
+    assert ("router: warning: gpu-serving-router.service is left on 10.0.0.11, which does not answer: if it comes back "
+            "it starts gpu-serving-router.service at boot; run `systemctl disable --now gpu-serving-router.service` there") in said
+
+
+def test_a_router_on_a_dead_machine_still_named_stops_the_run(declared):
+    declared({"gpu-serving:router": {"host": {"address": "10.0.0.11", "hostKey": KEY_A}}})
+    with pytest.raises(ssh.Unreachable):
+        identity.checked_read(Dead.read)(Dead(), "id", _router(conn("10.0.0.11", KEY_A, entry="gpu-serving:router.host")))

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import ConfigError, SettingError, shown
 from .rules import NAMESPACE, ROUTER_KEY
+from .unit import UNIT_DIR
 
 if TYPE_CHECKING:  # the provider's process imports this module, and never the settings models
     from .config import StackSettings
@@ -71,7 +72,16 @@ def unit_name(settings: StackSettings) -> str:
 
 
 def environment_path(settings: StackSettings) -> str:
-    return f"{ENVIRONMENT_DIR}/{settings.router.unit_name}.env"
+    return environment_path_of(unit_name(settings))
+
+
+def environment_path_of(unit: str) -> str:
+    """The environment file of router unit `unit` (its admin key)."""
+    return f"{ENVIRONMENT_DIR}/{unit.removesuffix('.service')}.env"
+
+
+def unit_file_of(unit: str) -> str:
+    return f"{UNIT_DIR}/{unit}"
 
 
 def exec_start(settings: StackSettings, workers: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ from . import identity, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
+from .common import stop_and_disable as _stop_and_disable
 
 ADMIN_TIMEOUT = 30
 POLL_SECONDS = 0.5
@@ -223,8 +224,42 @@ class RouterServiceProvider(ResourceProvider):
     def create(self, props):
         return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._converge(props))
 
+    @staticmethod
+    def _elsewhere(olds: dict, news: dict) -> str:
+        """"moved" (another machine), "renamed" (another unit on the same machine) or "": the
+        router the state recorded is not the one declared, and is retired by the update."""
+        if ssh.another_machine(olds.get("connection"), news.get("connection")):
+            return "moved"
+        return "renamed" if olds.get("unit") and olds.get("unit") != news.get("unit") else ""
+
     def update(self, id, olds, news):
-        return UpdateResult(outs=self._converge(news))
+        # An update, not a replace: the router's resources are kept on delete (every strategy
+        # stack of the fleet declares the same router), so a replace would leave the old router
+        # running, enabled and forgotten. The update retires it itself, which also holds for a
+        # state written when the router's files were kept the same way.
+        elsewhere = self._elsewhere(olds, news)
+        if elsewhere == "renamed":
+            self._retire(olds, "renamed")  # first: the two would listen on the same port
+        outs = self._converge(news)
+        if elsewhere == "moved":
+            self._retire(olds, "moved")  # after: the new router answers before the old one stops
+        return UpdateResult(outs=outs)
+
+    def _retire(self, olds: dict, why: str) -> None:
+        """Stop and disable the router the state recorded, and remove its unit file, environment
+        file (its admin key) and start record there; its venv stays, like the serving venvs."""
+        unit, c = olds["unit"], olds.get("connection") or {}
+        if identity.left_behind(olds):
+            _progress(f"router: warning: {unit} is left on {c.get('host')}, which does not answer: if it comes back it "
+                      f"starts {unit} at boot; run `systemctl disable --now {unit}` there")
+            return
+        t = _require_target(olds, stored=True)
+        _stop_and_disable(t, unit)
+        for path in (R.unit_file_of(unit), R.environment_path_of(unit), self._marker(olds)[0]):
+            ssh.remove_file(t, path)
+        ssh.run(t, ["systemctl", "daemon-reload"], purpose="systemctl daemon-reload", timeout=120)
+        where = "" if why == "renamed" else f" on {c.get('host')}"
+        _progress(f"router: {unit} stopped and disabled{where}, its unit file and environment file removed")
 
     def read(self, id, props):
         state = self._state(_require_target(props), props["unit"])
@@ -235,6 +270,16 @@ class RouterServiceProvider(ResourceProvider):
         changed = _changed(olds, news, self.DIFFED)
         if olds.get("active") is False or olds.get("enabled") is False:
             changed.append("active")
+        # Said at the diff, so the preview says it before anything happens.
+        elsewhere = self._elsewhere(olds, news)
+        if elsewhere == "moved":
+            _progress(f"router: {news.get('unit')} moves from {olds['connection'].get('host')} to "
+                      f"{news['connection'].get('host')}: it starts there and is checked, then it is stopped and "
+                      "disabled where it ran, its unit file and environment file removed (its venv stays)")
+        elif elsewhere == "renamed":
+            _progress(f"router: {olds['unit']} is renamed {news.get('unit')}: {olds['unit']} is stopped, disabled and "
+                      f"its files removed before {news.get('unit')} starts (both would listen on port {news.get('port')}); "
+                      "the router does not answer in between")
         return DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)
 
     def delete(self, id, props):

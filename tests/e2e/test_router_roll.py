@@ -133,21 +133,38 @@ class Load:
             t.join(90)
 
 
-def test_router_on_a_machine_of_its_own_without_gpus(fleet, tmp_path_factory):
-    """gpu-serving:router.host: the router on gpu1's machine, made a host without GPUs (no
-    nvidia-smi) and declared as a machine of its own, in front of a 2-host fleet (gpu2, gpu3) of
-    a second project. Nothing about GPUs, CUDA or a model is checked there, and no strategy runs
-    there. Run first, while gpu1 serves nothing; its router is stopped after (the other tests
-    deploy the fleet's own router there)."""
+OWN_UNIT = "gpu-serving-router-own"
+
+
+@pytest.fixture(scope="module")
+def own_router(fleet, tmp_path_factory):
+    """A second project: gpu2 and gpu3 behind a router on gpu1's machine, declared as a machine
+    of its own (gpu-serving:router.host); its
+    router listens on other ports under another unit name than the fleet's. Its tests run first,
+    while gpu1 serves nothing; they leave no router of this project running."""
     own, gpu2, gpu3 = fleet.hosts["gpu1"], fleet.hosts["gpu2"], fleet.hosts["gpu3"]
     d = make_deployment(tmp_path_factory.mktemp("router-host"), gpu2)
+    d.router = {"port": 30090, "metricsPort": 29090, "unitName": "gpu-serving-router-own", "policy": "round_robin",
+                "readyTimeoutSeconds": 90}
 
     def own_machine(config):
         config["gpu-serving:hosts"] = {"value": [{"name": "gpu2", "rehearsal": gpu2.name}, {"name": "gpu3", "rehearsal": gpu3.name}]}
-        config["gpu-serving:router"] = {"value": {"host": {"rehearsal": own.name}, "port": 30090, "metricsPort": 29090,
-                                                  "unitName": "gpu-serving-router-own", "policy": "round_robin",
-                                                  "readyTimeoutSeconds": 90}}
+        config["gpu-serving:router"] = {"value": {"host": {"rehearsal": own.name}, **d.router}}
     d.edit_project(own_machine)
+    d.hosts = {"own": own, "gpu2": gpu2, "gpu3": gpu3}
+    yield d
+    # Only if a test failed half-way (each test puts back what it changed).
+    subprocess.run(["ip", "link", "set", f"gsr-{own.name}", "up"], check=False)
+    own.run("test -e /usr/bin/nvidia-smi.away && mv /usr/bin/nvidia-smi.away /usr/bin/nvidia-smi")
+    for h in d.hosts.values():
+        h.run(f"systemctl disable --now {OWN_UNIT}")
+
+
+def test_router_on_a_machine_of_its_own_without_gpus(own_router):
+    """The router's own machine, made a host without GPUs (no nvidia-smi): nothing about GPUs,
+    CUDA or a model is checked there, and no strategy runs there."""
+    d = own_router
+    own, gpu2, gpu3 = d.hosts["own"], d.hosts["gpu2"], d.hosts["gpu3"]
     own.run("mv /usr/bin/nvidia-smi /usr/bin/nvidia-smi.away", check=True)
     try:
         assert own.run("nvidia-smi").returncode != 0  # a machine without GPUs
@@ -155,18 +172,77 @@ def test_router_on_a_machine_of_its_own_without_gpus(fleet, tmp_path_factory):
         s.set_config("gpu-serving:routerAdminKey", auto.ConfigValue(KEY, secret=True))
         lines: list[str] = []
         result = s.up(on_output=lines.append)
-        router = result.outputs["router"].value
-        assert router["status"] == "ready", (router, "\n".join(lines)[-3000:])
-        assert router["url"] == f"http://{own.address}:30090"
-        assert sorted((w["host"], w["url"], w["strategy"]) for w in router["workers"]) == [
-            ("gpu2", f"http://{gpu2.address}:30001", "tp8 pp1 dp1"), ("gpu3", f"http://{gpu3.address}:30001", "tp8 pp1 dp1")]
-        assert own.run("systemctl is-active gpu-serving-router-own").stdout.strip() == "active"
-        # The router's machine serves no strategy: no serving unit, no serving venv.
-        assert own.run("ls /etc/systemd/system | grep -c '^sglang-' || true").stdout.strip() == "0"
-        assert own.run("test -e /root/venv_sglang211").returncode != 0
-        assert set(result.outputs["readiness"].value) == {"gpu2", "gpu3"}
     finally:
-        own.run("systemctl disable --now gpu-serving-router-own; mv /usr/bin/nvidia-smi.away /usr/bin/nvidia-smi")
+        own.run("mv /usr/bin/nvidia-smi.away /usr/bin/nvidia-smi")
+    router = result.outputs["router"].value
+    assert router["status"] == "ready", (router, "\n".join(lines)[-3000:])
+    assert router["url"] == f"http://{own.address}:30090"
+    assert sorted((w["host"], w["url"], w["strategy"]) for w in router["workers"]) == [
+        ("gpu2", f"http://{gpu2.address}:30001", "tp8 pp1 dp1"), ("gpu3", f"http://{gpu3.address}:30001", "tp8 pp1 dp1")]
+    assert own.run(f"systemctl is-active {OWN_UNIT}").stdout.strip() == "active"
+    # The router's machine serves no strategy: no serving unit, no serving venv.
+    assert own.run("ls /etc/systemd/system | grep -c '^sglang-' || true").stdout.strip() == "0"
+    assert own.run("test -e /root/venv_sglang211").returncode != 0
+    assert set(result.outputs["readiness"].value) == {"gpu2", "gpu3"}
+
+
+def _router_on(d, where: dict) -> list[str]:
+    """Point the project's router somewhere else and `pulumi up`; the output's lines."""
+    def edit(config):
+        config["gpu-serving:router"] = {"value": {**where, **d.router}}
+    d.edit_project(edit)
+    lines: list[str] = []
+    result = d.stack("tp8").up(on_output=lines.append)
+    router = result.outputs["router"].value
+    assert router["status"] == "ready", (router, "\n".join(lines)[-3000:])
+    assert len(router["workers"]) == 2
+    return lines
+
+
+def _router_state(h) -> tuple[str, str, str]:
+    """(is-active, is-enabled, files): the project's router unit on host `h`."""
+    files = h.run(f"ls /etc/systemd/system/{OWN_UNIT}.service /etc/gpu-serving/{OWN_UNIT}.env 2>/dev/null | wc -l")
+    return (h.run(f"systemctl is-active {OWN_UNIT}").stdout.strip(), h.run(f"systemctl is-enabled {OWN_UNIT}").stdout.strip(),
+            files.stdout.strip())
+
+
+def test_a_router_moved_off_a_dead_machine_then_to_another_host_leaves_none_behind(own_router):
+    """The router's own machine stops answering (its link down: connections fail at once, as to a
+    dead box); the operator points the router at gpu3 of the fleet (runsOn). The run reads nothing
+    there, says what it leaves, and the router comes up on gpu3. Then the router moves again, live,
+    to gpu2: it starts there and is checked, and only then is it stopped, disabled and its files
+    removed on gpu3. A drift check after each finds nothing to do."""
+    d = own_router
+    own, gpu2, gpu3 = d.hosts["own"], d.hosts["gpu2"], d.hosts["gpu3"]
+    subprocess.run(["ip", "link", "set", f"gsr-{own.name}", "down"], check=True)
+    try:
+        text = "\n".join(_router_on(d, {"runsOn": "gpu3"}))
+    finally:
+        subprocess.run(["ip", "link", "set", f"gsr-{own.name}", "up"], check=True)
+    assert f"router: warning: {OWN_UNIT}.service is left on {own.address}, which does not answer" in text, text[-4000:]
+    assert _router_state(gpu3) == ("active", "enabled", "2")
+    # What the warning says: the dead machine's router is still there (nothing could reach it).
+    assert _router_state(own)[0] == "active"
+    own.run(f"systemctl disable --now {OWN_UNIT}")
+    d.stack("tp8").preview(refresh=True, expect_no_changes=True, diff=True)
+
+    preview: list[str] = []
+    def edit(config):
+        config["gpu-serving:router"] = {"value": {"runsOn": "gpu2", **d.router}}
+    d.edit_project(edit)
+    d.stack("tp8").preview(on_output=preview.append)
+    assert (f"router: {OWN_UNIT}.service moves from {gpu3.address} to {gpu2.address}: it starts there and is checked, "
+            "then it is stopped") in "\n".join(preview), "\n".join(preview)[-3000:]
+    text = "\n".join(_router_on(d, {"runsOn": "gpu2"}))
+    started, retired = f"router: start {OWN_UNIT}.service", f"router: {OWN_UNIT}.service stopped and disabled on {gpu3.address}"
+    assert text.index(started) < text.index(retired), text[-4000:]
+    assert _router_state(gpu2) == ("active", "enabled", "2")
+    active, enabled, files = _router_state(gpu3)
+    assert (active, files) == ("inactive", "0") and enabled != "enabled", (active, enabled, files)
+    # The router's venv stays (shared, like the serving venvs); the serving units are untouched.
+    assert gpu3.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() == "active"
+    d.stack("tp8").preview(refresh=True, expect_no_changes=True, diff=True)
+    gpu2.run(f"systemctl disable --now {OWN_UNIT}")  # the fleet's own router takes gpu1 next
 
 
 def test_up_deploys_the_router_in_front_of_every_host(fleet):
