@@ -16,7 +16,7 @@ from .core.plan import ServingPlan, check_stack
 from .core.reads import refresh_reads
 from .core.stack_config import RawConfig, from_engine
 from .cuda import CudaToolkit
-from . import gpu_host
+from . import gpu_host, serving_unit
 from .gpu_host import GpuHost, GpuHostArgs
 from .multinode import MultiNodeServing
 from .provider_start import read_ahead
@@ -132,6 +132,7 @@ def engine_config() -> RawConfig:
 
 def run() -> None:
     gpu_host.DECLARED.clear()
+    serving_unit.begin_run()
     declare()
     # Last, once every setting is checked and every resource declared without an error: the
     # provider connects and starts the reads while the engine gets to its first Read.

@@ -17,28 +17,61 @@ from .gpu_host import GpuHost
 from .resources import RemoteFile, Service
 
 
-def _destroy_warning_hook(prefix: str, plan: ServingPlan, host: GpuHost) -> pulumi.ResourceHook:
-    """Warns in a destroy's *preview* that nothing will serve afterwards. Pulumi calls no provider
-    code there; a delete hook runs in the program, which the destroy runs because hooks are
-    bound (scripts/env.sh sets PULUMI_RUN_PROGRAM=true; a bare `pulumi destroy` asks for
-    `--run-program`). The destroy itself warns from the provider's delete, so the hook keeps to
-    previews."""
-    def warn(args: pulumi.ResourceHookArgs) -> None:
-        if not pulumi.runtime.is_dry_run():
-            return
-        # Where it serves: the state's machine (its id, "<address>:<unit>"), which is not the
-        # declared one when the stack was pointed at another machine (the old half of a move).
-        served = str(args.id or "").rpartition(":")[0] or host.address
-        where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
-        message = S.destroy_warning(unit=plan.unit.name, stack=plan.settings.stack, where=where,
-                                    outputs=dict(args.old_outputs or {}),
-                                    declared=None if served == host.address else host.address)
-        if message:
-            pulumi.log.warn(message)
+# One delete hook for every serving unit, under one name the program always registers: Pulumi
+# runs a resource's before_delete hooks by the names its state recorded and fails the run when
+# the program did not register one, so a hook named after a fleet entry made removing that entry
+# from gpu-serving:hosts impossible (the program no longer declares it). The units this run
+# declares are looked up by resource name; a removed entry's is not among them.
+DESTROY_HOOK = "destroy-leaves-nothing-serving"
+_DECLARED: dict[str, tuple[ServingPlan, GpuHost]] = {}
+_hook: list[pulumi.ResourceHook] = []
 
+
+def begin_run() -> None:
+    """A program run starts: no unit declared, the hook not yet registered with this engine."""
+    _DECLARED.clear()
+    _hook.clear()
+
+
+def _destroy_warning(args: pulumi.ResourceHookArgs) -> None:
+    """Warns in a destroy's *preview* (or the preview of a run that removes a fleet entry) that
+    nothing will serve there afterwards. Pulumi calls no provider code there; a delete hook runs
+    in the program, which the destroy runs because hooks are bound (scripts/env.sh sets
+    PULUMI_RUN_PROGRAM=true; a bare `pulumi destroy` asks for `--run-program`). The delete itself
+    warns from the provider, so the hook keeps to previews."""
+    if not pulumi.runtime.is_dry_run():
+        return
+    outputs = dict(args.old_outputs or {})
+    prefix = str(args.name).removesuffix("service")
+    # Where it serves: the state's machine (its id, "<address>:<unit>"), which is not the
+    # declared one when the stack was pointed at another machine (the old half of a move).
+    served = str(args.id or "").rpartition(":")[0]
+    declared = _DECLARED.get(str(args.name))
+    if declared is None:
+        where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
+        message = S.destroy_warning(unit=str(outputs.get("unit")), stack=str(outputs.get("stack") or pulumi.get_stack()),
+                                    where=where, outputs=outputs, removed=bool(prefix))
+    else:
+        plan, host = declared
+        served = served or host.address
+        where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
+        message = S.destroy_warning(unit=plan.unit.name, stack=plan.settings.stack, where=where, outputs=outputs,
+                                    declared=None if served == host.address else host.address)
+    if message:
+        pulumi.log.warn(message)
+
+
+def _destroy_warning_hook(name: str, prefix: str, plan: ServingPlan, host: GpuHost) -> pulumi.ResourceHook:
+    _DECLARED[name] = (plan, host)
     # ignore_errors: a warning must never be what keeps a stack from being destroyed.
-    return pulumi.ResourceHook(f"{prefix}destroy-leaves-nothing-serving", warn,
-                               pulumi.ResourceHookOptions(on_dry_run=True, ignore_errors=True))
+    options = pulumi.ResourceHookOptions(on_dry_run=True, ignore_errors=True)
+    if not _hook:
+        _hook.append(pulumi.ResourceHook(DESTROY_HOOK, _destroy_warning, options))
+    if prefix:
+        # The name a fleet's states written before the shared hook recorded (a single host's was
+        # already this one), until the next `up` rewrites them.
+        pulumi.ResourceHook(f"{prefix}{DESTROY_HOOK}", _destroy_warning, options)
+    return _hook[0]
 
 
 class SwitchNotice:
@@ -145,7 +178,7 @@ class ServingUnit(pulumi.ComponentResource):
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             depends_on=[self.environment_file, self.unit_file, *(after or [])],
             hooks=pulumi.ResourceHookBinding(
-                before_delete=[_destroy_warning_hook(prefix, plan, host)],
+                before_delete=[_destroy_warning_hook(f"{prefix}service", prefix, plan, host)],
                 **({"before_create": [said], "before_update": [said]} if said else {})))))
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport

@@ -104,6 +104,23 @@ def render_environment(key: str) -> str:
             f"{KEY_VARIABLE}={KEY_ID}:{KEY_ID}:admin:{key}\n")
 
 
+def without_workers(unit_text: str) -> str:
+    """The router's unit text but for the fleet it routes to (its --worker-urls and the count in
+    its description): two units equal here differ only in which servers the router routes to,
+    which its admin API changes without a restart."""
+    return "\n".join(line for line in unit_text.splitlines()
+                     if not line.startswith("Description=") and not line.lstrip().startswith("--worker-urls "))
+
+
+def worker_urls(unit_text: str) -> list[str]:
+    """The --worker-urls of a router unit rendered by render_unit, in order."""
+    for line in unit_text.splitlines():
+        words = line.split()
+        if words and words[0] == "--worker-urls":
+            return [w for w in words[1:] if w != "\\"]
+    return []
+
+
 def render_unit(settings: StackSettings, workers: list[str]) -> str:
     r = settings.router
     argv = exec_start(settings, workers)

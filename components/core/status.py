@@ -202,14 +202,18 @@ def superseded_by(unit: str, host: HostServing) -> Optional[str]:
 
 
 def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict],
-                    declared: Optional[str] = None) -> Optional[str]:
+                    declared: Optional[str] = None, removed: bool = False) -> Optional[str]:
     """What a destroy's preview says when the stack's unit serves (its `active` output, as the
     refresh before the preview read it): nothing will serve on that host afterwards. None when
     it does not serve (a superseded or stopped stack: its destroy takes nothing away).
     `declared`: the machine the stack names now, when it is not `where` (the stack was pointed at
-    another machine: its unit moves there, and this is the half that stops it here)."""
+    another machine: its unit moves there, and this is the half that stops it here). `removed`:
+    the stack no longer lists that host (its gpu-serving:hosts entry was removed)."""
     if not isinstance(outputs, dict) or outputs.get("active") is not True or is_superseded(outputs.get("runningServer")):
         return None
+    if removed:
+        return (f"{where} is no longer in gpu-serving:hosts: stack {stack}'s {unit}, which serves there now (as this "
+                f"run's refresh read it), is stopped and removed; nothing of stack {stack} will serve there afterwards.")
     if declared:
         return (f"stack {stack} now names {declared}: {unit} is stopped and removed on {where}, where it serves "
                 f"now (as this run's refresh read it); nothing of stack {stack} will serve on {where} afterwards.")

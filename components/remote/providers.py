@@ -482,9 +482,15 @@ class ServiceProvider(ResourceProvider):
         with ssh.one_connection(t, f"the switch to {unit}"):
             lock = self._lock(t, props)
             try:
-                if props.get("router") and props.get("active", True) and (restart or not self._serving(t, unit)):
+                behind_router = props.get("router") and props.get("active", True)
+                if behind_router and (restart or not self._serving(t, unit)):
                     return self._switch_behind_router(t, props, unit)
-                return self._switch(t, props, unit, restart)
+                outs = self._switch(t, props, unit, restart)
+                if behind_router:
+                    # Served without a switch (a host that joined the fleet already serving): the
+                    # router does not know it yet.
+                    router_roll.ensure_listed(props, _progress, _who(props))
+                return outs
             finally:
                 self._unlock(lock)
 
@@ -848,6 +854,12 @@ class ServiceProvider(ResourceProvider):
             serving = self._show(t, [props["unit"]])[props["unit"]].get("ActiveState") in S.SERVING_STATES
         except ssh.RemoteError:
             serving = False  # the stop below still runs; only the warning is lost
+        if serving and props.get("router"):
+            try:
+                router_roll.leave(t, props, _progress, _who(props))
+            except ssh.RemoteError as exc:
+                _progress(f"{_who(props)}warning: {props['unit']} could not be taken out of the router first, requests "
+                          f"in flight there may fail: {exc}")
         # Only this stack's own unit: siblings and shared files are never touched.
         _stop_and_disable(t, props["unit"])
         if serving:

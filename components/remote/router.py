@@ -128,6 +128,36 @@ def drain(t: ssh.Target, bind: str, port: int, timeout: float, progress: Callabl
         time.sleep(POLL_SECONDS)
 
 
+def _take_out(admin: RouterAdmin, url: str) -> None:
+    admin.remove(url)
+    # smg keeps a removed worker listed as draining for a fixed delay; it routes nothing to it.
+    admin.wait(f"the router still routes to {url}", lambda ws: all(w.url != url for w in R.serving(ws)), 60)
+
+
+def leave(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> None:
+    """A server about to stop for good (its host left the fleet, its stack destroyed, its unit
+    moved): out of the router, then drained, so no request through the router meets it stopped."""
+    r = props["router"]
+    admin = RouterAdmin(r)
+    url = r["workerUrl"]
+    progress(f"{who}taking {url} out of the router before it stops")
+    _take_out(admin, url)
+    drain(t, props["bind"], int(props["port"]), float(r.get("drainTimeout") or 300), progress, who)
+
+
+def ensure_listed(props: dict, progress: Callable[[str], None], who: str) -> None:
+    """A server that serves without having been switched (a host that joined the fleet already
+    serving, or one the router no longer lists) is put in the router and waited for."""
+    r = props["router"]
+    admin = RouterAdmin(r)
+    url = r["workerUrl"]
+    if any(w.url == url for w in R.serving(admin.workers())):
+        return
+    progress(f"{who}putting {url} in the router")
+    admin.add(url, float(r.get("readyTimeout") or 120))
+    progress(f"{who}{url} is in the router and healthy")
+
+
 @contextlib.contextmanager
 def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> Iterator[None]:
     """The host's turn in a roll around the caller's switch: out of the router, drained; then
@@ -137,9 +167,7 @@ def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who:
     admin = RouterAdmin(r)
     url = r["workerUrl"]
     progress(f"{who}roll: taking {url} out of the router")
-    admin.remove(url)
-    # smg keeps a removed worker listed as draining for a fixed delay; it routes nothing to it.
-    admin.wait(f"the router still routes to {url}", lambda ws: all(w.url != url for w in R.serving(ws)), 60)
+    _take_out(admin, url)
     failure: Optional[BaseException] = None
     try:
         drain(t, props["bind"], int(props["port"]), float(r.get("drainTimeout") or 300), progress, who)
@@ -240,10 +268,40 @@ class RouterServiceProvider(ResourceProvider):
         elsewhere = self._elsewhere(olds, news)
         if elsewhere == "renamed":
             self._retire(olds, "renamed")  # first: the two would listen on the same port
-        outs = self._converge(news)
+        outs = (None if elsewhere else self._refleet(olds, news)) or self._converge(news)
         if elsewhere == "moved":
             self._retire(olds, "moved")  # after: the new router answers before the old one stops
         return UpdateResult(outs=outs)
+
+    @staticmethod
+    def _fleet_only(olds: dict, news: dict) -> bool:
+        """Only the fleet behind the router changed (which servers it routes to)."""
+        return (olds.get("adminKey") == news.get("adminKey") and olds.get("unitText") != news.get("unitText")
+                and R.without_workers(str(olds.get("unitText"))) == R.without_workers(str(news.get("unitText"))))
+
+    def _refleet(self, olds: dict, news: dict) -> Optional[dict]:
+        """A host joined or left the fleet, and nothing else of the router changed: a restart would
+        drop every request through it, so the running router is told through its admin API. The
+        servers that left are taken out here (their own delete drains and stops them later in the
+        run); the ones that joined are put in by their own start, once they serve. The unit file,
+        already rewritten, gives the whole fleet to the router's next start. None: the router does
+        not run the state's declaration, so it is started or restarted as ever."""
+        if not self._fleet_only(olds, news):
+            return None
+        t = _require_target(news)
+        unit = news["unit"]
+        path, running_as = self._marker(olds)
+        if self._state(t, unit).get("ActiveState") != "active" or ssh.read_file(t, path) != running_as:
+            return None
+        admin = RouterAdmin(_admin_props(news))
+        declared = R.worker_urls(news["unitText"])
+        for url in sorted({w.url for w in admin.workers()} - set(declared)):
+            _progress(f"router: taking {url} out of the router: it left the fleet")
+            admin.remove(url)
+        ssh.write_file(t, path, self._marker(news)[1], 0o600)
+        _progress(f"router: {unit} routes to the fleet as declared ({len(declared)} server(s)); not restarted")
+        state = self._state(t, unit)
+        return {**news, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
 
     def _retire(self, olds: dict, why: str) -> None:
         """Stop and disable the router the state recorded, and remove its unit file, environment
@@ -276,6 +334,12 @@ class RouterServiceProvider(ResourceProvider):
             _progress(f"router: {news.get('unit')} moves from {olds['connection'].get('host')} to "
                       f"{news['connection'].get('host')}: it starts there and is checked, then it is stopped and "
                       "disabled where it ran, its unit file and environment file removed (its venv stays)")
+        elif self._fleet_only(olds, news) and olds.get("active") is not False:
+            before, after = R.worker_urls(str(olds.get("unitText"))), R.worker_urls(str(news.get("unitText")))
+            joins, leaves = [u for u in after if u not in before], [u for u in before if u not in after]
+            _progress("router: the fleet behind it changes (" + "; ".join(
+                part for part in (f"joins: {', '.join(joins)}" if joins else "", f"leaves: {', '.join(leaves)}" if leaves else "")
+                if part) + "): the router is told through its admin API, not restarted")
         elif elsewhere == "renamed":
             _progress(f"router: {olds['unit']} is renamed {news.get('unit')}: {olds['unit']} is stopped, disabled and "
                       f"its files removed before {news.get('unit')} starts (both would listen on port {news.get('port')}); "

@@ -96,6 +96,40 @@ def test_hand_edit_on_one_host_is_drift_named_by_host_and_repaired_there_only(fl
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
 
 
+def test_a_host_removed_from_the_fleet_is_stopped_there_and_can_be_listed_again(fleet):
+    """gpu2's entry removed from gpu-serving:hosts: the preview says its unit stops there (the
+    delete hook is registered under one name whatever the fleet: a per-entry name, which the
+    program no longer registers once the entry is gone, failed the run); `up` stops and removes it
+    on gpu2 only; the next drift check is clean; listing gpu2 again deploys it there again."""
+    gpu1, gpu2 = fleet.hosts["gpu1"], fleet.hosts["gpu2"]
+    path = "/etc/systemd/system/" + UNIT.format("ep8")
+    mtime_gpu1 = gpu1.run(f"stat -c %Y {path}").stdout
+
+    def fleet_of(names):
+        def edit(config):
+            config["gpu-serving:hosts"] = {"value": [{"name": n, "rehearsal": fleet.hosts[n].name} for n in names]}
+        fleet.edit_project(edit)
+
+    stack = fleet.stack("ep8")
+    fleet_of(["gpu1"])
+    try:
+        lines: list[str] = []
+        stack.preview(on_output=lines.append)
+        text = "\n".join(lines)
+        assert (f"hosts[gpu2] ({gpu2.address}) is no longer in gpu-serving:hosts: stack ep8's {UNIT.format('ep8')}, which "
+                "serves there now") in text, text[-4000:]
+        result = stack.up(on_output=print)
+        assert set(result.outputs["readiness"].value) == {"gpu1"}
+        assert active(gpu2, "ep8") == "inactive" and gpu2.run(f"test -e {path}").returncode != 0
+        assert active(gpu1, "ep8") == "active" and gpu1.run(f"stat -c %Y {path}").stdout == mtime_gpu1
+        stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+    finally:
+        fleet_of(["gpu1", "gpu2"])
+    result = stack.up(on_output=print)
+    assert result.outputs["readiness"].value["gpu2"]["status"] == "ready"
+    assert active(gpu2, "ep8") == "active"
+
+
 def test_destroy_removes_the_strategy_from_every_host(fleet):
     fleet.stack("ep8").destroy(on_output=print)
     for host in fleet.hosts.values():

@@ -333,3 +333,51 @@ def test_a_switch_back_to_a_stack_deployed_before_rolls_too(fleet):
         assert f"hosts[{name}]: roll: taking" in text, text[-3000:]
         assert result.outputs["readiness"].value[name]["layout"]["tp_size"] == 8
     assert sorted(w["strategy"] for w in result.outputs["router"].value["workers"]) == ["tp8 pp1 dp1"] * 3
+
+
+def test_a_host_leaves_and_rejoins_the_fleet_without_a_router_restart_or_a_failed_request(fleet):
+    """gpu3 removed from gpu-serving:hosts, then listed again, each `up` under load: the router is
+    told through its admin API (not restarted: same process), gpu3 leaves it and drains before its
+    unit stops, and rejoins once it serves; no request through the router fails."""
+    gpu1, gpu3 = fleet.hosts["gpu1"], fleet.hosts["gpu3"]
+    url3 = f"http://{gpu3.address}:30001"
+
+    def router_pid() -> str:
+        return gpu1.run("systemctl show -p MainPID --value gpu-serving-router").stdout.strip()
+
+    def fleet_of(names):
+        def edit(config):
+            config["gpu-serving:hosts"] = {"value": [{"name": n, "rehearsal": fleet.hosts[n].name} for n in names]}
+        fleet.edit_project(edit)
+
+    def up() -> tuple[str, dict]:
+        lines: list[str] = []
+        with Load(fleet) as load:
+            result = stack(fleet, "tp8").up(on_output=lines.append)
+        text = "\n".join(lines)
+        assert load.failed == [], (load.failed[:10], text[-4000:])
+        assert load.ok > 10
+        return text, result.outputs["router"].value
+
+    pid = router_pid()
+    fleet_of(["gpu1", "gpu2"])
+    try:
+        preview: list[str] = []
+        stack(fleet, "tp8").preview(on_output=preview.append)
+        assert f"router: the fleet behind it changes (leaves: {url3}): the router is told through its admin API, not restarted" \
+            in "\n".join(preview), "\n".join(preview)[-3000:]
+        text, router = up()
+        assert f"hosts[gpu3]: taking {url3} out of the router before it stops" in text, text[-4000:]
+        assert router["status"] == "ready", router
+        assert sorted(w["host"] for w in router["workers"] if w["host"]) == ["gpu1", "gpu2"]
+        assert url3 not in [w["url"] for w in router_workers(fleet) if w["is_healthy"] and w["status"] == "ready"]
+        assert gpu3.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() != "active"
+        assert router_pid() == pid
+    finally:
+        fleet_of(["gpu1", "gpu2", "gpu3"])
+    text, router = up()
+    assert router["status"] == "ready", router
+    assert sorted((w["host"], w["strategy"]) for w in router["workers"] if w["host"]) == [
+        ("gpu1", "tp8 pp1 dp1"), ("gpu2", "tp8 pp1 dp1"), ("gpu3", "tp8 pp1 dp1")]
+    assert gpu3.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() == "active"
+    assert router_pid() == pid
