@@ -99,3 +99,14 @@ def rehearsal_host():
         yield host.up(name)
     finally:
         host.down(name)
+
+
+@pytest.fixture(autouse=True)
+def _no_claims_from_another_test():
+    """The providers record what a run declares (remote/identity.py `_claimed`, one provider
+    process per run); tests calling a provider's `check` share one process, so each starts empty."""
+    import sys
+    identity = sys.modules.get("components.remote.identity")
+    if identity is not None:
+        identity._claimed.clear()
+    yield

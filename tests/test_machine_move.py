@@ -256,3 +256,28 @@ def test_a_router_on_a_dead_machine_still_named_stops_the_run(declared):
     declared({"gpu-serving:router": {"host": {"address": "10.0.0.11", "hostKey": KEY_A}}})
     with pytest.raises(ssh.Unreachable):
         identity.checked_read(Dead.read)(Dead(), "id", _router(conn("10.0.0.11", KEY_A, entry="gpu-serving:router.host")))
+
+
+# --- the same unit on the same machine under another resource name ------------------------------
+
+def test_a_renamed_resource_on_the_same_machine_takes_the_unit_over_and_the_old_delete_leaves_it(declared, commands, capsys,
+                                                                                                 monkeypatch):
+    """A fleet entry renamed (gpu2 -> b2), or a stack turned from gpu-serving:host into a fleet
+    listing that machine: Pulumi creates the new names and then deletes the old ones. The engine
+    checks every declared resource first; the old delete then leaves the unit serving and its file
+    in place, where it stopped the unit the new resource had just taken over."""
+    service, unit_file = providers.ServiceProvider(), providers.RemoteFileProvider()
+    renamed = conn("10.0.0.99", KEY_A, entry="hosts[b2]")  # the same machine, and even renumbered
+    for provider, props in ((service, _service), (unit_file, _file)):
+        provider.check({}, props(renamed))
+    commands.clear()  # the service's check reads what serves (its switch preview)
+    service.delete("id", _service(conn("10.0.0.11", KEY_A, entry="hosts[gpu2]")))
+    unit_file.delete("id", _file(conn("10.0.0.11", KEY_A, entry="hosts[gpu2]")))
+    assert commands == []
+    assert "is declared under another name on the same machine now" in capsys.readouterr().err
+    # Another machine, or another unit, is deleted as ever.
+    monkeypatch.setattr(providers.ServiceProvider, "_show", lambda self, t, units: {units[0]: {"ActiveState": "active"}})
+    service.delete("id", _service(conn("10.0.0.12", KEY_B)))
+    unit_file.delete("id", {**_file(conn("10.0.0.11", KEY_A)), "path": "/etc/systemd/system/sglang-other.service"})
+    assert ["systemctl", "disable", "--now", "sglang-kimi-k2.6-tp8.service"] in commands
+    assert ["rm", "-f", "--", "/etc/systemd/system/sglang-other.service"] in commands

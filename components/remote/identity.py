@@ -47,6 +47,13 @@ HOST_SETTINGS = ("gpu-serving:host", "gpu-serving:hosts", "gpu-serving:router")
 
 _said: set[tuple] = set()
 _said_lock = threading.Lock()
+# What this run declares, from the engine's Check of every declared resource (which comes before
+# any delete of the run, in the same provider process): (connection, "unit" or "path", value).
+# A resource renamed by the program (a fleet entry renamed, a stack turned from gpu-serving:host
+# into a fleet of that machine) is a new resource taking over the same unit on the same machine,
+# and the old one's delete must not stop that unit or remove its file.
+_claimed: list[tuple[dict, str, str]] = []
+_claimed_lock = threading.Lock()
 
 
 def _say_once(key: tuple, message: str) -> None:
@@ -196,6 +203,28 @@ def declared_machine(c: dict) -> Optional[str]:
     return f"the rehearsal host {now['rehearsal']!r}" if now.get("rehearsal") else str(now.get("address"))
 
 
+def claim(news: dict) -> None:
+    """Record the unit and the file a declared resource's inputs name on their machine."""
+    c = news.get("connection")
+    if not isinstance(c, dict):
+        return
+    with _claimed_lock:
+        for key in ("unit", "path"):
+            if isinstance(news.get(key), str):
+                _claimed.append((c, key, news[key]))
+
+
+def claimed_elsewhere(props: dict, key: str) -> bool:
+    """Whether another resource this run declares names the same unit (`key` "unit") or file
+    ("path") as the state's `props`, on the same machine: then a delete of `props` only forgets
+    it (Pulumi creates the new name before it deletes the old one)."""
+    c, value = props.get("connection"), props.get(key)
+    if not isinstance(c, dict) or not isinstance(value, str):
+        return False
+    with _claimed_lock:
+        return any(k == key and v == value and not ssh.another_machine(c, other) for other, k, v in _claimed)
+
+
 def guarded(cls):
     """Class decorator for a provider: its `read` records a changed host key (`checked_read`),
     and its `check` (its own or the inherited one) runs `check` first."""
@@ -206,6 +235,7 @@ def guarded(cls):
     @functools.wraps(inner)
     def checked(self, olds, news):
         check(olds or {}, news or {})
+        claim(news or {})
         return inner(self, olds, news)
     cls.check = checked
     return cls

@@ -434,6 +434,8 @@ class RemoteFileProvider(ResourceProvider):
     def delete(self, id, props):
         if props.get("retainOnDelete") or identity.left_behind(props):
             return  # shared, or on a machine this run moved off because it does not answer (said there)
+        if identity.claimed_elsewhere(props, "path"):
+            return  # the same file on the same machine, now under another resource name of this run
         t = _require_target(props, stored=True)
         unit = posixpath.basename(str(props["path"]))
         if props.get("reloadSystemd") and unit.endswith(".service"):
@@ -691,8 +693,15 @@ class ServiceProvider(ResourceProvider):
                       f"{ssh.redact(str(exc), _secrets(news))[:200]})")
 
     def create(self, props):
+        # A unit that already runs exactly what is declared is taken over, not restarted: its
+        # resource was renamed (a fleet entry renamed, a stack turned into a fleet of that machine,
+        # whose old name's delete then leaves it serving), and a restart would reload the model for
+        # a change of names. Anything else running, or nothing, is started as declared.
+        restart = self._running_now(props) != R.AS_DECLARED
+        if not restart:
+            _progress(f"{_who(props)}{props['unit']} already runs as declared: taken over, not restarted")
         try:
-            outs = self._start(props, restart=True)
+            outs = self._start(props, restart=restart)
         except RollbackFailed as exc:
             outs = self._after_failed_rollback(props, exc)
         except (DeployError, ssh.RemoteError) as exc:
@@ -848,6 +857,10 @@ class ServiceProvider(ResourceProvider):
             c = props["connection"]
             _progress(f"{_who(props)}warning: {props['unit']} is left on {c.get('host')}, which does not answer: "
                       f"if it comes back it starts {props['unit']} at boot; run `systemctl disable --now {props['unit']}` there")
+            return
+        if identity.claimed_elsewhere(props, "unit"):
+            _progress(f"{_who(props)}{props['unit']} is declared under another name on the same machine now "
+                      "(a renamed fleet entry, or a stack turned into a fleet): it is left serving")
             return
         t = _require_target(props, stored=True)
         try:

@@ -130,6 +130,40 @@ def test_a_host_removed_from_the_fleet_is_stopped_there_and_can_be_listed_again(
     assert active(gpu2, "ep8") == "active"
 
 
+def test_a_fleet_entry_renamed_keeps_its_machine_serving(fleet):
+    """gpu2 renamed b2 (the same machine), then back: Pulumi creates the new names and deletes the
+    old ones; the old deletes must leave the unit the new names took over serving, untouched (they
+    stopped it and removed its file), and the drift check after each is clean."""
+    gpu2 = fleet.hosts["gpu2"]
+    path = "/etc/systemd/system/" + UNIT.format("ep8")
+    pid = f"systemctl show -p MainPID --value {UNIT.format('ep8')}"
+    before = gpu2.run(pid).stdout.strip()
+    stack = fleet.stack("ep8")
+
+    def named(second):
+        def edit(config):
+            config["gpu-serving:hosts"] = {"value": [{"name": "gpu1", "rehearsal": fleet.hosts["gpu1"].name},
+                                                     {"name": second, "rehearsal": gpu2.name}]}
+        fleet.edit_project(edit)
+
+    named("b2")
+    try:
+        lines: list[str] = []
+        result = stack.up(on_output=lines.append)
+        assert result.outputs["readiness"].value["b2"]["status"] == "ready"
+        assert "is declared under another name on the same machine now" in "\n".join(lines), "\n".join(lines)[-4000:]
+        assert active(gpu2, "ep8") == "active" and gpu2.run(f"test -e {path}").returncode == 0
+        assert gpu2.run(pid).stdout.strip() == before
+        stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+    finally:
+        named("gpu2")
+    result = stack.up(on_output=print)
+    assert result.outputs["readiness"].value["gpu2"]["status"] == "ready"
+    assert active(gpu2, "ep8") == "active" and gpu2.run(f"test -e {path}").returncode == 0
+    assert gpu2.run(pid).stdout.strip() == before
+    stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+
+
 def test_destroy_removes_the_strategy_from_every_host(fleet):
     fleet.stack("ep8").destroy(on_output=print)
     for host in fleet.hosts.values():
