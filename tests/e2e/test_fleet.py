@@ -169,3 +169,31 @@ def test_destroy_removes_the_strategy_from_every_host(fleet):
     for host in fleet.hosts.values():
         assert host.run("test -e /etc/systemd/system/" + UNIT.format("ep8") + " && echo yes || echo no").stdout.strip() == "no"
     fleet.stack("tp8").destroy(on_output=print)
+
+
+def test_a_one_host_stack_turned_into_a_fleet_of_its_machine_keeps_serving(fleet):
+    """gpu-serving:host alone, deployed; then gpu-serving:hosts listing that machine: the fleet's
+    names take the running unit over (not restarted) and the one-host names' deletes leave it."""
+    gpu1 = fleet.hosts["gpu1"]
+    pid = f"systemctl show -p MainPID --value {UNIT.format('tp8')}"
+
+    def one_host(config):
+        config.pop("gpu-serving:hosts", None)
+        config["gpu-serving:host"] = {"value": {**config["gpu-serving:host"]["value"], "rehearsal": gpu1.name}}
+    fleet.edit_project(one_host)
+    stack = fleet.stack("tp8")
+    assert stack.up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    before = gpu1.run(pid).stdout.strip()
+
+    def a_fleet(config):
+        config["gpu-serving:hosts"] = {"value": [{"name": "gpu1", "rehearsal": gpu1.name}]}
+    fleet.edit_project(a_fleet)
+    lines: list[str] = []
+    result = stack.up(on_output=lines.append)
+    assert result.outputs["readiness"].value["gpu1"]["status"] == "ready"
+    assert "already runs as declared: taken over, not restarted" in "\n".join(lines), "\n".join(lines)[-4000:]
+    assert active(gpu1, "tp8") == "active" and gpu1.run(pid).stdout.strip() == before
+    assert gpu1.run("test -e /etc/systemd/system/" + UNIT.format("tp8")).returncode == 0
+    stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+    stack.destroy(on_output=print)
+    assert active(gpu1, "tp8") != "active"
