@@ -47,14 +47,14 @@ def _destroy_warning(args: pulumi.ResourceHookArgs) -> None:
     # declared one when the stack was pointed at another machine (the old half of a move).
     served = str(args.id or "").rpartition(":")[0]
     declared = _DECLARED.get(str(args.name))
+    if declared is not None:
+        served = served or declared[1].address
+    where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
     if declared is None:
-        where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
         message = S.destroy_warning(unit=str(outputs.get("unit")), stack=str(outputs.get("stack") or pulumi.get_stack()),
                                     where=where, outputs=outputs, removed=bool(prefix))
     else:
         plan, host = declared
-        served = served or host.address
-        where = f"hosts[{prefix[:-1]}] ({served})" if prefix else served
         message = S.destroy_warning(unit=plan.unit.name, stack=plan.settings.stack, where=where, outputs=outputs,
                                     declared=None if served == host.address else host.address)
     if message:

@@ -134,15 +134,17 @@ def _take_out(admin: RouterAdmin, url: str) -> None:
     admin.wait(f"the router still routes to {url}", lambda ws: all(w.url != url for w in R.serving(ws)), 60)
 
 
+def _drain(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> None:
+    drain(t, props["bind"], int(props["port"]), float(props["router"].get("drainTimeout") or 300), progress, who)
+
+
 def leave(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> None:
     """A server about to stop for good (its host left the fleet, its stack destroyed, its unit
     moved): out of the router, then drained, so no request through the router meets it stopped."""
-    r = props["router"]
-    admin = RouterAdmin(r)
-    url = r["workerUrl"]
+    url = props["router"]["workerUrl"]
     progress(f"{who}taking {url} out of the router before it stops")
-    _take_out(admin, url)
-    drain(t, props["bind"], int(props["port"]), float(r.get("drainTimeout") or 300), progress, who)
+    _take_out(RouterAdmin(props["router"]), url)
+    _drain(t, props, progress, who)
 
 
 def ensure_listed(props: dict, progress: Callable[[str], None], who: str) -> None:
@@ -170,7 +172,7 @@ def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who:
     _take_out(admin, url)
     failure: Optional[BaseException] = None
     try:
-        drain(t, props["bind"], int(props["port"]), float(r.get("drainTimeout") or 300), progress, who)
+        _drain(t, props, progress, who)
         progress(f"{who}roll: drained; switching")
         yield
     except BaseException as exc:
@@ -291,7 +293,8 @@ class RouterServiceProvider(ResourceProvider):
         t = _require_target(news)
         unit = news["unit"]
         path, running_as = self._marker(olds)
-        if self._state(t, unit).get("ActiveState") != "active" or ssh.read_file(t, path) != running_as:
+        state = self._state(t, unit)
+        if state.get("ActiveState") != "active" or ssh.read_file(t, path) != running_as:
             return None
         admin = RouterAdmin(_admin_props(news))
         declared = R.worker_urls(news["unitText"])
@@ -300,8 +303,8 @@ class RouterServiceProvider(ResourceProvider):
             admin.remove(url)
         ssh.write_file(t, path, self._marker(news)[1], 0o600)
         _progress(f"router: {unit} routes to the fleet as declared ({len(declared)} server(s)); not restarted")
-        state = self._state(t, unit)
-        return {**news, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
+        # The state read above still holds: the admin API changes which servers it routes to, not the unit.
+        return {**news, "active": True, "enabled": state.get("UnitFileState") == "enabled"}
 
     def _retire(self, olds: dict, why: str) -> None:
         """Stop and disable the router the state recorded, and remove its unit file, environment
