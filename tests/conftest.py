@@ -32,6 +32,26 @@ def pytest_configure(config):
     # The hardening summary line (tests/hardening_support.py), printed when those tests counted.
     from tests.hardening_support import SummaryPlugin
     config.pluginmanager.register(SummaryPlugin(), "gpu-serving-hardening")
+    config.pluginmanager.register(ModuleTimes(), "gpu-serving-module-times")
+
+
+class ModuleTimes:
+    """Wall time per test file (set-up, calls and teardown of its tests, module fixtures
+    included), printed at the end: CI must stay well under an hour, and this says where it goes."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report):
+        module = report.nodeid.split("::", 1)[0]
+        self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter):
+        slow = sorted(((s, m) for m, s in self.seconds.items() if s >= 30), reverse=True)
+        if slow:
+            terminalreporter.write_sep("-", "time per test file (30 s and more)")
+            for seconds, module in slow:
+                terminalreporter.write_line(f"{seconds:8.0f} s  {module}")
 
 
 def _reap_abandoned_test_hosts() -> None:
@@ -46,7 +66,9 @@ def _reap_abandoned_test_hosts() -> None:
             cmdline = open(f"/proc/{m.group(1)}/cmdline", "rb").read()
         except OSError:
             cmdline = b""
-        if b"pytest" not in cmdline:
+        # A pytest-xdist worker's command line is execnet's bootstrap (`python -c ...`), not
+        # pytest's: a live Python process that made test hosts is taken for their owner.
+        if b"pytest" not in cmdline and b"python" not in cmdline:
             host.down(info.name)
 
 

@@ -81,7 +81,44 @@ def counted() -> bool:
     return bool(f.refused or f.refused_by_pulumi or f.faults or f.outputs_checked)
 
 
+def _as_data(f: Figures) -> dict:
+    """The figures in what pytest-xdist can carry from a worker to the controller."""
+    return {"refused": sorted(f.refused), "refused_by_pulumi": sorted(f.refused_by_pulumi),
+            "by_operation": {op: sorted(cases) for op, cases in f.by_operation.items()},
+            "batch": list(f.batch), "faults": dict(f.faults), "outputs_checked": f.outputs_checked,
+            "secrets_found": f.secrets_found}
+
+
+def _merge(data: dict) -> None:
+    f = FIGURES
+    f.refused |= set(data["refused"])
+    f.refused_by_pulumi |= set(data["refused_by_pulumi"])
+    for op, cases in data["by_operation"].items():
+        f.by_operation.setdefault(op, set()).update(cases)
+    f.batch = tuple(data["batch"]) or f.batch
+    for name, survived in data["faults"].items():
+        f.faults[name] = f.faults.get(name, False) or survived
+    f.outputs_checked += data["outputs_checked"]
+    f.secrets_found += data["secrets_found"]
+
+
 class SummaryPlugin:
+    """Prints the line; under pytest-xdist each worker counts its own tests and hands its figures
+    to the controller when it finishes, which adds them up and prints the one line."""
+
+    WORKER_OUTPUT = "gpu-serving-hardening"
+
+    def pytest_sessionfinish(self, session):
+        out = getattr(session.config, "workeroutput", None)
+        if out is not None:
+            out[self.WORKER_OUTPUT] = _as_data(FIGURES)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        data = getattr(node, "workeroutput", {}).get(self.WORKER_OUTPUT)
+        if data:
+            _merge(data)
+
     def pytest_terminal_summary(self, terminalreporter):
         if counted():
             terminalreporter.write_sep("-", "gpu-serving hardening (issue 8)")

@@ -173,7 +173,8 @@ def test_destroy_removes_the_strategy_from_every_host(fleet):
 
 def test_a_one_host_stack_turned_into_a_fleet_of_its_machine_keeps_serving(fleet):
     """gpu-serving:host alone, deployed; then gpu-serving:hosts listing that machine: the fleet's
-    names take the running unit over (not restarted) and the one-host names' deletes leave it."""
+    names take the running unit over (not restarted) and the one-host names' deletes leave it;
+    then back to gpu-serving:host alone, the same way round."""
     gpu1 = fleet.hosts["gpu1"]
     pid = f"systemctl show -p MainPID --value {UNIT.format('tp8')}"
 
@@ -193,6 +194,15 @@ def test_a_one_host_stack_turned_into_a_fleet_of_its_machine_keeps_serving(fleet
     assert result.outputs["readiness"].value["gpu1"]["status"] == "ready"
     assert "already runs as declared: taken over, not restarted" in "\n".join(lines), "\n".join(lines)[-4000:]
     assert active(gpu1, "tp8") == "active" and gpu1.run(pid).stdout.strip() == before
+    assert gpu1.run("test -e /etc/systemd/system/" + UNIT.format("tp8")).returncode == 0
+    stack.preview(refresh=True, expect_no_changes=True, on_output=print)
+
+    # and back: the fleet of one turned into the one-host form again, still the same process
+    fleet.edit_project(one_host)
+    lines.clear()
+    result = stack.up(on_output=lines.append)
+    assert result.outputs["readiness"].value["status"] == "ready", "\n".join(lines)[-4000:]
+    assert active(gpu1, "tp8") == "active" and gpu1.run(pid).stdout.strip() == before, "\n".join(lines)[-4000:]
     assert gpu1.run("test -e /etc/systemd/system/" + UNIT.format("tp8")).returncode == 0
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
     stack.destroy(on_output=print)
