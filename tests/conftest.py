@@ -33,6 +33,40 @@ def pytest_configure(config):
     from tests.hardening_support import SummaryPlugin
     config.pluginmanager.register(SummaryPlugin(), "gpu-serving-hardening")
     config.pluginmanager.register(ModuleTimes(), "gpu-serving-module-times")
+    config.pluginmanager.register(WarmProcesses(), "gpu-serving-warm-processes")
+
+
+class WarmProcesses:
+    """The warm processes (gpu-serving-pyrun.py `_gs_warm`) of the engine runs this process
+    starts: one per project copy, each otherwise idle for 15 minutes after its last run. They get
+    a socket directory of this process's own (inherited by every engine run it starts), and are
+    ended, by PID, when this process's session ends; a warm process left by a killed session ends
+    by itself once idle (GPU_SERVING_WARM_IDLE_SECONDS, shortened here)."""
+
+    def __init__(self):
+        self.dir = f"/tmp/gsw-pt{os.getpid()}"
+        os.environ["GPU_SERVING_WARM_DIR"] = self.dir
+        os.environ.setdefault("GPU_SERVING_WARM_IDLE_SECONDS", "300")
+
+    def pytest_unconfigure(self, config):
+        import shutil
+        import signal
+        from pathlib import Path
+
+        mark = self.dir.encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"--warm-serve" in argv and any(a.startswith(mark) for a in argv):
+                try:
+                    os.kill(int(entry.name), signal.SIGTERM)
+                except OSError:
+                    pass
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class ModuleTimes:

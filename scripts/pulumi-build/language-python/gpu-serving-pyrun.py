@@ -36,13 +36,27 @@ def _gs_pyrun(argv):
     import sys
 
     exit_status, finish, _gs_widen_pools, serve_invokes = _gs_exit_status, _gs_finish, _gs_widen, _gs_invokes
-    _gs_exit_with_parent()
-    _gs_defer(DEFERRED)
+    exit_with_parent, defer, deferred = _gs_exit_with_parent, _gs_defer, DEFERRED
+    warm_relay, warm_serve = _gs_warm()
     main_globals = sys.modules["__main__"].__dict__
+    runner = main_globals["__file__"]
     # The program runs in __main__'s namespace, as it would: leave none of ours there.
     for name in ("_gs_pyrun", "_gs_exit_status", "_gs_finish", "_gs_widen", "_gs_exit_with_parent", "_gs_defer",
-                 "_gs_invokes", "DEFERRED"):
+                 "_gs_invokes", "_gs_warm", "DEFERRED"):
         main_globals.pop(name, None)
+
+    if len(argv) >= 5 and argv[1] == "--warm-serve":
+        # The warm process (see _gs_warm); this returns only in a child it forked for one run, with
+        # that run's arguments and the PID of the runner that asked for it.
+        defer(deferred)
+        argv, parent = warm_serve(argv[2], argv[3], argv[4], runner)
+        exit_with_parent(parent)
+    else:
+        exit_with_parent()
+        if len(argv) >= 3 and argv[1] == "--warm":
+            module, argv = argv[2], [argv[0], *argv[3:]]
+            warm_relay(module, argv, runner)  # returns only when no warm process took the run
+        defer(deferred)
 
     while len(argv) >= 3 and argv[1] in ("--min-pool-threads", "--invokes"):
         if argv[1] == "--min-pool-threads":
@@ -130,7 +144,7 @@ def _gs_defer(names):
                 break
 
 
-def _gs_exit_with_parent():
+def _gs_exit_with_parent(runner=None):
     """End this process as soon as its parent is gone. The engine stops the dynamic provider when
     it ends normally, but a CLI killed by SIGKILL, or by SIGPIPE in `pulumi preview | head -3`,
     stops nothing: the provider would wait for calls for ever, parented to init (a scheduled drift
@@ -143,27 +157,383 @@ def _gs_exit_with_parent():
     *thread* that started us, and the engine is a Go program whose threads are not the process.
     A parent that is already gone when we look, or a kernel without pidfds, is seen by getppid
     changing (Linux gives an orphan a new parent): checked after pidfd_open (the PID named our
-    parent then, not a reused one), and polled when there is no pidfd."""
+    parent then, not a reused one), and polled when there is no pidfd.
+
+    A run forked by the warm process (`runner`: the PID of the runner that asked for it, see
+    _gs_warm) watches that runner instead: it stands where this process would have been."""
     import os
     import select
     import threading
     import time
 
-    parent = os.getppid()
+    parent = runner or os.getppid()
+
+    def alive():
+        if runner is None:
+            return os.getppid() == parent
+        try:
+            os.kill(parent, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except OSError:
+            return True
 
     def watch():
         try:
             fd = os.pidfd_open(parent)
         except (AttributeError, OSError):
             fd = None
-        if fd is not None and os.getppid() == parent:
+        if fd is not None and alive():
             select.select([fd], [], [])
         else:
-            while os.getppid() == parent:
+            while alive():
                 time.sleep(0.5)
         os._exit(1)  # nobody is left to read a status or an error
 
     threading.Thread(target=watch, name="gpu-serving-exit-with-parent", daemon=True).start()
+
+
+def _gs_warm():
+    """Warm start: (relay, serve). A run's first ~0.5-0.7 s is Python loading the same modules
+    (the Pulumi SDK, grpc, pydantic and the settings models, paramiko and the providers), twice
+    per `pulumi preview` (program and dynamic provider) and four times per `pulumi up`
+    (docs/benchmarks.md, issue 18). A warm process loads them once, then forks a copy of itself
+    for each run: the copy runs the program or the provider exactly as this runner would have,
+    with the run's own arguments, environment, working directory, umask and standard streams.
+
+    relay(module, argv, runner), in the runner the language host or the launcher started (their
+    `--warm MODULE`): asks the warm process of this project for a copy, then stands in for it
+    (signals passed on, its exit status or signal taken as its own) and never returns. It returns,
+    and the run goes on cold in this process as before, when warm starts are off
+    (GPU_SERVING_WARM_START=0; OpenTelemetry variables, whose tracing is set up as `pulumi` is
+    imported), when no warm process serves this project yet (one is started, in its own session,
+    for the next run), or when the one there is stale.
+
+    serve(path, key, module, runner), in the warm process (`--warm-serve`): imports MODULE from
+    the working directory, with the variables that change what an import does (PYTHON*, locale,
+    TZ, GRPC_*) and no other (no secret stays in it), listens on `path`, a socket in a directory
+    only this user can enter, for runners of this user only, and forks one copy per request.
+    Stale is any loaded module's file changed, moved or gone since the import (an edit of the
+    program, a pip install): it answers "stale" and ends once its copies have, so a changed
+    program never runs from a warm process. The key of a warm process holds the interpreter, this
+    runner and its mtime, sys.path, the working directory, MODULE and the variables above: a run
+    that differs in any of them finds another one. It ends after GPU_SERVING_WARM_IDLE_SECONDS
+    (default 900) without a run. A copy ends with its runner (it watches that runner as the run
+    watches its parent, _gs_exit_with_parent), and the warm process kills it when the runner's
+    connection drops. The copy's command line is the warm process's (ps shows `--warm-serve`)."""
+    import os
+    import sys
+
+    import_env = ("PYTHON", "LANG", "LC_", "TZ", "GRPC_")  # name prefixes
+    cold_env = ("TRACEPARENT", "OTEL_", "PULUMI_OTEL_")
+    header = 8  # bytes: the request's length
+
+    def enabled():
+        if os.environ.get("GPU_SERVING_WARM_START", "").strip().lower() in ("0", "false", "no", "off"):
+            return False
+        return not any(name.startswith(cold_env) for name in os.environ)
+
+    def place(module, runner):
+        """(socket path, key) of this run's warm process, or None when the place is not safe."""
+        import hashlib
+        import json
+        import stat
+
+        base = os.environ.get("GPU_SERVING_WARM_DIR") or f"/tmp/gpu-serving-warm-{os.getuid()}"
+        try:
+            os.mkdir(base, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(base)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            return None  # someone else's, or open to others: never trust a socket there
+        real = os.path.realpath(runner)
+        env = sorted((k, v) for k, v in os.environ.items() if k.startswith(import_env))
+        ident = [sys.executable, sys.version, real, os.stat(real).st_mtime_ns, sys.path, os.getcwd(), module, env,
+                 list(sys.flags)]
+        key = hashlib.sha256(json.dumps(ident).encode()).hexdigest()[:24]
+        return os.path.join(base, key + ".sock"), key
+
+    def read_line(sock, buf):
+        while b"\n" not in buf:
+            chunk = sock.recv(4096)
+            if not chunk:
+                return None, buf
+            buf += chunk
+        line, _, rest = buf.partition(b"\n")
+        return line, rest
+
+    def spawn(path, key, module, runner):
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k.startswith((*import_env, "GPU_SERVING_WARM_")) or k in ("PATH", "HOME")}
+        try:
+            subprocess.Popen([sys.executable, "-u", runner, "--warm-serve", path, key, module], cwd=os.getcwd(),
+                             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True)
+        except OSError:
+            pass
+
+    def relay(module, argv, runner):
+        import json
+        import signal
+        import socket
+
+        if not enabled():
+            return
+        try:
+            where = place(module, runner)
+        except OSError:
+            return
+        if where is None:
+            return
+        path, key = where
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+        except OSError:
+            sock.close()
+            spawn(path, key, module, runner)
+            return
+        mask = os.umask(0)
+        os.umask(mask)
+        body = json.dumps({"key": key, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                           "umask": mask}).encode()
+        data = len(body).to_bytes(header, "big") + body
+        try:
+            socket.send_fds(sock, [data[:4096]], [0, 1, 2])
+            sock.sendall(data[4096:])
+            # Never a cold run after a copy may have started: wait for the answer (the warm
+            # process answers at once; it is one loop, no import, no I/O but stat()).
+            sock.settimeout(60)
+            line, buf = read_line(sock, b"")
+            answer = json.loads(line) if line else {}
+        except (OSError, ValueError):
+            sys.stderr.write("gpu-serving: the warm process did not answer; run again, or with GPU_SERVING_WARM_START=0\n")
+            os._exit(1)
+        if "pid" not in answer:
+            sock.close()
+            if answer.get("stale"):
+                spawn(path, key, module, runner)  # for the next run: this one goes on cold
+            return
+        child = answer["pid"]
+
+        def forward(signum, frame):
+            try:
+                os.kill(child, signum)
+            except OSError:
+                pass
+
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(signum, forward)
+        sock.settimeout(None)
+        try:
+            line, _ = read_line(sock, buf)
+            status = json.loads(line)["status"] if line else None
+        except (OSError, ValueError, KeyError):
+            status = None
+        if status is None:
+            sys.stderr.write("gpu-serving: the warm process ended before the run did\n")
+            os._exit(1)
+        if os.WIFSIGNALED(status):
+            signum = os.WTERMSIG(status)
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            os._exit(128 + signum)
+        os._exit(os.waitstatus_to_exitcode(status))
+
+    def serve(path, key, module, runner):
+        import gc
+        import importlib
+        import json
+        import selectors
+        import signal
+        import socket
+        import struct
+        import time
+
+        os.closerange(3, 1 << 16)  # nothing of the runner that started us: it may hold a pipe open
+        idle = float(os.environ.get("GPU_SERVING_WARM_IDLE_SECONDS") or 900)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+            os._exit(0)  # another warm process already serves this key
+        except OSError:
+            probe.close()
+
+        failure = None
+        cwd = os.getcwd()
+        sys.path.insert(0, cwd)
+        try:
+            importlib.import_module(module)
+        except BaseException as exc:  # noqa: BLE001 - whatever it is, runs go cold and say nothing
+            failure = type(exc).__name__
+        finally:
+            if sys.path and sys.path[0] == cwd:
+                del sys.path[0]
+
+        def stamp(name):
+            try:
+                st = os.stat(name)
+                return st.st_mtime_ns, st.st_size, st.st_ino
+            except OSError:
+                return None
+
+        files = {m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}
+        files.add(os.path.realpath(runner))
+        stamps = {name: stamp(name) for name in files}
+        gc.collect()
+        gc.freeze()  # the copies' collector never walks what every run shares (and keeps it shared)
+
+        def changed():
+            for name, seen in stamps.items():
+                if stamp(name) != seen:
+                    return name
+            return None
+
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        temp = f"{path}.{os.getpid()}"
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        srv.bind(temp)
+        os.chmod(temp, 0o600)
+        srv.listen(64)
+        os.replace(temp, path)
+        mine = os.stat(path).st_ino
+        sel = selectors.DefaultSelector()
+        sel.register(srv, selectors.EVENT_READ, ("listen", None))
+        runs = {}  # pid -> (connection, pidfd)
+        state = {"accepting": True, "last": time.monotonic()}
+
+        def ours():
+            try:
+                return os.stat(path).st_ino == mine
+            except OSError:
+                return False
+
+        def retire():
+            if state["accepting"]:
+                state["accepting"] = False
+                if ours():
+                    os.unlink(path)
+                sel.unregister(srv)
+                srv.close()
+
+        def reply(conn, answer):
+            try:
+                conn.sendall((json.dumps(answer) + "\n").encode())
+            except OSError:
+                pass
+
+        def receive(conn):
+            conn.settimeout(10)
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
+            if uid != os.getuid():
+                return None
+            data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
+            while len(data) < header or len(data) < header + int.from_bytes(data[:header], "big"):
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+            return data, fds
+
+        def take(conn, peer):
+            got = None
+            try:
+                got = receive(conn)
+                request = json.loads(got[0][header:]) if got else None
+            except (OSError, ValueError):
+                request = None
+            fds = got[1] if got else []
+            if not isinstance(request, dict) or len(fds) != 3 or request.get("key") != key:
+                for fd in fds:
+                    os.close(fd)
+                conn.close()
+                return None
+            stale = changed()
+            if stale or failure:
+                reply(conn, {"stale": stale} if stale else {"cold": failure})
+                for fd in fds:
+                    os.close(fd)
+                conn.close()
+                if stale:
+                    retire()
+                return None
+            pid = os.fork()
+            if pid == 0:
+                # The copy: nothing of the warm process's own, the run's streams, place and variables.
+                sel.close()
+                if state["accepting"]:
+                    srv.close()
+                for other, pidfd in runs.values():
+                    other.close()
+                    os.close(pidfd)
+                conn.close()
+                for i, fd in enumerate(fds):
+                    os.dup2(fd, i)
+                for fd in fds:
+                    if fd > 2:
+                        os.close(fd)
+                os.chdir(request["cwd"])
+                os.umask(request["umask"])
+                os.environ.clear()
+                os.environ.update(request["env"])
+                return request["argv"], peer
+            for fd in fds:
+                os.close(fd)
+            runs[pid] = (conn, os.pidfd_open(pid))
+            sel.register(conn, selectors.EVENT_READ, ("runner", pid))
+            sel.register(runs[pid][1], selectors.EVENT_READ, ("run", pid))
+            reply(conn, {"pid": pid})
+            return None
+
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        while True:
+            if state["accepting"] and not ours():
+                retire()  # another warm process took the place (two started at once)
+            if not runs and (not state["accepting"] or time.monotonic() - state["last"] > idle):
+                retire()
+                os._exit(0)
+            for event, _mask in sel.select(timeout=1.0):
+                kind, pid = event.data
+                if kind == "listen":
+                    try:
+                        conn, _addr = srv.accept()
+                        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                   struct.calcsize("3i")))[0]
+                    except OSError:
+                        continue
+                    state["last"] = time.monotonic()
+                    child = take(conn, peer)
+                    if child is not None:
+                        return child
+                elif pid in runs:
+                    conn, pidfd = runs[pid]
+                    if kind == "runner":  # the runner is gone (or broke the protocol): so is its run
+                        sel.unregister(conn)
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except OSError:
+                            pass
+                        continue
+                    _, status = os.waitpid(pid, 0)
+                    sel.unregister(pidfd)
+                    os.close(pidfd)
+                    try:
+                        sel.unregister(conn)
+                    except KeyError:
+                        pass
+                    conn.settimeout(5)
+                    reply(conn, {"status": status})
+                    conn.close()
+                    del runs[pid]
+                    state["last"] = time.monotonic()
+
+    return relay, serve
 
 
 def _gs_widen(threads):

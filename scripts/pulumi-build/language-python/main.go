@@ -38,6 +38,12 @@
 // (the interpreter, the SDK's import, the program's imports) instead of after it
 // (docs/benchmarks.md, issue 18). The program makes the same call first thing too
 // (components/provider_start.py), for other language hosts; a second one is answered at once.
+// `warmStart: MODULE`: the program runs in a copy of the project's warm process, which has
+// imported MODULE once (gpu-serving-pyrun.py `--warm`, _gs_warm: the SDK, grpc, the settings
+// models, ~0.5 s of every run), when the program directory is the working directory; the first
+// run, or one after an edit of a loaded module, runs cold and starts the warm process for the
+// next. GPU_SERVING_WARM_START=0 turns it off. The engine passes the same option to the dynamic
+// provider's launcher as PULUMI_RUNTIME_WARMSTART.
 //
 // The engine starts the host as `pulumi-language-python [--logtostderr] [-v=N] [--tracing URL]
 // ENGINE_ADDRESS`; the host prints the port it listens on (127.0.0.1) as its first stdout line.
@@ -359,7 +365,14 @@ func (h *host) Run(ctx context.Context, req *pulumirpc.RunRequest) (*pulumirpc.R
 	// (gpu-serving-pyrun.py); run directly when the runner is missing or not wanted.
 	if runner := filepath.Join(filepath.Dir(h.execScript), runnerName); os.Getenv("GPU_SERVING_PYTHON_FULL_EXIT") == "" &&
 		fileExists(runner) {
-		args = append(args, runner, "--script")
+		args = append(args, runner)
+		// `warmStart: MODULE`: the runner asks the project's warm process (MODULE loaded once)
+		// for a copy to run the program in (gpu-serving-pyrun.py, _gs_warm). Only when the
+		// program is the working directory's: the warm process loaded MODULE from there.
+		if module := optionString(info, "warmStart"); module != "" && filepath.Clean(program) == filepath.Clean(pwd) {
+			args = append(args, "--warm", module)
+		}
+		args = append(args, "--script")
 	}
 	args = append(args, h.execScript,
 		"--monitor", req.GetMonitorAddress(),

@@ -1,0 +1,253 @@
+"""Warm start (gpu-serving-pyrun.py `--warm MODULE`, `_gs_warm`): a run in a fork of the project's
+warm process behaves as the same run started cold, and nothing stale, foreign or orphaned comes
+of it.
+
+The runner here is the repository's, run as our language host and the launcher run it
+(`python -u RUNNER --warm MODULE --script|--module ...`), on a tiny warm module in a temporary
+project directory; each test has its own socket directory (GPU_SERVING_WARM_DIR), so its warm
+processes are its own, found by their command line and ended at its end. The engine-level check
+(a real `pulumi preview` and `up` whose program and provider run warm, a CLI killed mid-run) is in
+test_engine_warm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.pulumi_env import REPO
+
+RUNNER = REPO / "scripts" / "pulumi-build" / "language-python" / "gpu-serving-pyrun.py"
+
+WARM_MODULE = """\
+import os
+VALUE = {value!r}
+LOADED_IN = os.getpid()
+"""
+
+# What a run sees: compared between a cold and a warm run of the same command.
+PROBE = """\
+import json, os, sys
+warm = sys.modules.get("warmmod")
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "file": __file__, "name": __name__,
+                  "env": os.environ.get("PROBE_X"), "umask": os.umask(0o22),
+                  "foreign": sorted(k for k in globals() if k.startswith("_gs")),
+                  "stdin": sys.stdin.read(),
+                  "warm": None if warm is None else [warm.VALUE, warm.LOADED_IN == os.getppid()]}))
+print("to stderr", file=sys.stderr)
+sys.exit(int(os.environ.get("PROBE_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def project(tmp_path):
+    """(project dir, socket dir, env): a warm module and a probe; the warm processes it started
+    are ended at the end."""
+    (tmp_path / "warmmod.py").write_text(WARM_MODULE.format(value=1))
+    (tmp_path / "probe.py").write_text(PROBE)
+    sockets = Path(tempfile.mkdtemp(prefix="gsw-", dir="/tmp"))  # a socket path has at most 107 bytes
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SERVING_WARM")}
+    env.update(GPU_SERVING_WARM_DIR=str(sockets), PROBE_X="x", PYTHONDONTWRITEBYTECODE="1")
+    yield tmp_path, sockets, env
+    for pid in warm_processes(sockets):
+        os.kill(pid, signal.SIGKILL)
+    subprocess.run(["rm", "-rf", str(sockets)], check=False)
+
+
+def warm_processes(sockets: Path) -> list[int]:
+    """PIDs of the warm processes whose socket is in `sockets` (their command line names it), not
+    the runs they forked (which carry the same command line)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if b"--warm-serve" in argv and any(a.startswith(str(sockets).encode()) for a in argv) and stat[0] != "Z":
+                found[int(entry.name)] = int(stat[1])
+    return [pid for pid, parent in found.items() if parent not in found]
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def run(project_dir: Path, env: dict, *args: str, stdin: str = "", warm: bool = True, timeout: float = 60):
+    argv = [sys.executable, "-u", str(RUNNER), *(["--warm", "warmmod"] if warm else []), *args]
+    return subprocess.run(argv, cwd=project_dir, env=env, input=stdin, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_warm(sockets: Path, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if list(sockets.glob("*.sock")):
+            return
+        time.sleep(0.05)
+    pytest.fail(f"no warm process listened in {sockets} within {seconds} s", pytrace=False)
+
+
+def warm_run(project_dir, sockets, env, *args, **kw):
+    """A run that found the warm process up (the first run of a key starts it and runs cold)."""
+    wait_warm(sockets)
+    proc = run(project_dir, env, *args, **kw)
+    return proc
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_warm_run_sees_what_a_cold_run_sees(project, code):
+    project_dir, sockets, env = project
+    env = dict(env, PROBE_EXIT=str(code))
+    first = run(project_dir, env, "--script", "probe.py", "a", "b", stdin="in")  # starts the warm process
+    plain = run(project_dir, env, "--script", "probe.py", "a", "b", stdin="in", warm=False)
+    warm = warm_run(project_dir, sockets, env, "--script", "probe.py", "a", "b", stdin="in")
+    seen = {name: json.loads(p.stdout.splitlines()[0]) for name, p in (("first", first), ("plain", plain), ("warm", warm))}
+    assert first.returncode == plain.returncode == warm.returncode == code, (first.stderr, warm.stderr)
+    assert seen["first"]["warm"] is None and seen["plain"]["warm"] is None
+    # Forked from the process that imported the warm module: loaded once, not by the run.
+    assert seen["warm"]["warm"] == [1, True]
+    assert dict(seen["warm"], warm=None) == seen["plain"] == seen["first"]
+    assert seen["plain"]["stdin"] == "in" and seen["plain"]["foreign"] == []
+    assert warm.stderr == plain.stderr == "to stderr\n"
+
+
+def test_module_mode_runs_warm_too(project):
+    project_dir, sockets, env = project
+    pkg = project_dir / "probepkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "__main__.py").write_text(PROBE)
+    run(project_dir, env, "--module", "probepkg")
+    plain = run(project_dir, env, "--module", "probepkg", warm=False)
+    warm = warm_run(project_dir, sockets, env, "--module", "probepkg")
+    a, b = json.loads(plain.stdout.splitlines()[0]), json.loads(warm.stdout.splitlines()[0])
+    assert b["warm"] == [1, True]
+    assert dict(b, warm=None) == a
+
+
+def test_an_edited_module_is_never_served_warm(project):
+    """An edit of a loaded module makes the warm process stale: that run goes cold (the new code),
+    the stale process ends, and the next runs are warm with the new code."""
+    project_dir, sockets, env = project
+    run(project_dir, env, "--script", "probe.py")
+    wait_warm(sockets)
+    [old] = warm_processes(sockets)
+    assert json.loads(run(project_dir, env, "--script", "probe.py").stdout)["warm"] == [1, True]
+    time.sleep(0.01)  # a new mtime even on a coarse clock
+    (project_dir / "warmmod.py").write_text(WARM_MODULE.format(value=2))
+    after_edit = json.loads(run(project_dir, env, "--script", "probe.py").stdout)
+    assert after_edit["warm"] is None  # cold: the edited module is not loaded by the probe
+    deadline = time.monotonic() + 10
+    while old in warm_processes(sockets) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert old not in warm_processes(sockets), "the stale warm process is still there"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = json.loads(run(project_dir, env, "--script", "probe.py").stdout)["warm"]
+        if seen is not None:
+            break
+        time.sleep(0.1)
+    assert seen == [2, True]
+
+
+def test_signals_reach_the_run_and_its_end_is_the_runners(project):
+    project_dir, sockets, env = project
+    (project_dir / "slow.py").write_text("import sys, time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    run(project_dir, env, "--script", "probe.py")
+    wait_warm(sockets)
+    for signum, want in ((signal.SIGINT, -signal.SIGINT), (signal.SIGTERM, -signal.SIGTERM)):
+        proc = subprocess.Popen([sys.executable, "-u", str(RUNNER), "--warm", "warmmod", "--script", "slow.py"],
+                                cwd=project_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "started\n"
+        [zygote] = warm_processes(sockets)
+        assert children_of(zygote), "the run is not a fork of the warm process"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=10) == want
+        if signum == signal.SIGINT:
+            assert "KeyboardInterrupt" in proc.stderr.read()  # raised in the program, as cold
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_a_killed_runner_takes_its_run_with_it(project):
+    project_dir, sockets, env = project
+    (project_dir / "slow.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    run(project_dir, env, "--script", "probe.py")
+    wait_warm(sockets)
+    [zygote] = warm_processes(sockets)
+    proc = subprocess.Popen([sys.executable, "-u", str(RUNNER), "--warm", "warmmod", "--script", "slow.py"],
+                            cwd=project_dir, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "started\n"
+    [child] = children_of(zygote)
+    proc.kill()
+    proc.wait(timeout=10)
+    proc.stdout.close()
+    deadline = time.monotonic() + 5
+    while children_of(zygote) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children_of(zygote) == [], f"the run (pid {child}) outlived its runner"
+    assert warm_processes(sockets) == [zygote]  # the warm process itself stays for the next run
+
+
+def test_the_warm_process_holds_no_stream_and_no_secret_of_the_run_that_started_it(project):
+    """Started by a run whose output is a pipe (the engine reads the provider's), it must not hold
+    that pipe, or the reader would wait for it; and it keeps none of the run's variables but what
+    changes an import."""
+    project_dir, sockets, env = project
+    env = dict(env, PULUMI_CONFIG_PASSPHRASE="hunter2-passphrase", PULUMI_CONFIG='{"k": "secret-value"}')
+    started = time.monotonic()
+    proc = run(project_dir, env, "--script", "probe.py", timeout=30)  # returns at EOF of its pipes
+    assert proc.returncode == 0 and time.monotonic() - started < 20
+    wait_warm(sockets)
+    [zygote] = warm_processes(sockets)
+    environ = Path(f"/proc/{zygote}/environ").read_bytes()
+    assert b"hunter2" not in environ and b"secret-value" not in environ
+    fds = {os.readlink(f"/proc/{zygote}/fd/{fd}") for fd in os.listdir(f"/proc/{zygote}/fd")}
+    assert not [f for f in fds if f.startswith("pipe:")], fds
+    # The run itself gets them all, as a cold run would.
+    warm = json.loads(run(project_dir, dict(env, PROBE_X="hunter2-passphrase"), "--script", "probe.py").stdout)
+    assert warm["warm"] == [1, True] and warm["env"] == "hunter2-passphrase"
+
+
+def test_off_unsafe_place_or_traced_runs_stay_cold(project):
+    project_dir, sockets, env = project
+    for extra in ({"GPU_SERVING_WARM_START": "0"}, {"TRACEPARENT": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}):
+        proc = run(project_dir, dict(env, **extra), "--script", "probe.py")
+        assert proc.returncode == 0 and json.loads(proc.stdout)["warm"] is None
+        time.sleep(0.5)
+        assert not list(sockets.glob("*.sock")) and not warm_processes(sockets), extra
+    os.chmod(sockets, 0o755)  # another user could place a socket there: never used
+    proc = run(project_dir, env, "--script", "probe.py")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["warm"] is None
+    time.sleep(0.5)
+    assert not warm_processes(sockets)
+
+
+def test_runs_at_once_each_get_a_copy_and_an_idle_warm_process_ends(project):
+    project_dir, sockets, env = project
+    env = dict(env, GPU_SERVING_WARM_IDLE_SECONDS="2")
+    (project_dir / "slow.py").write_text("import os, sys, time\ntime.sleep(1)\nprint(os.getpid(), 'warmmod' in sys.modules)\n")
+    run(project_dir, env, "--script", "probe.py")
+    wait_warm(sockets)
+    procs = [subprocess.Popen([sys.executable, "-u", str(RUNNER), "--warm", "warmmod", "--script", "slow.py"],
+                              cwd=project_dir, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=30)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len({pid for pid, _ in outs}) == 3 and all(w == "True" for _, w in outs), outs
+    deadline = time.monotonic() + 10
+    while warm_processes(sockets) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not warm_processes(sockets), "the idle warm process did not end"
+    assert not list(sockets.glob("*.sock"))
