@@ -251,3 +251,32 @@ def test_runs_at_once_each_get_a_copy_and_an_idle_warm_process_ends(project):
         time.sleep(0.1)
     assert not warm_processes(sockets), "the idle warm process did not end"
     assert not list(sockets.glob("*.sock"))
+
+
+def test_a_closed_standard_stream_runs_cold(project):
+    """A runner without a stdin cannot hand one over: nothing is forked, the run goes cold."""
+    project_dir, sockets, env = project
+    (project_dir / "hello.py").write_text("import sys\nprint('hello', sys.stdin is None)\n")
+    run(project_dir, env, "--script", "probe.py")
+    wait_warm(sockets)
+    proc = subprocess.run(["bash", "-c", f'exec "$0" -u "$1" --warm warmmod --script hello.py <&-', sys.executable,
+                           str(RUNNER)], cwd=project_dir, env=env, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, "hello True\n"), proc.stderr
+    [zygote] = warm_processes(sockets)
+    assert children_of(zygote) == []
+
+
+def test_a_broken_warm_module_runs_cold_until_it_is_fixed(project):
+    project_dir, sockets, env = project
+    (project_dir / "warmmod.py").write_text("VALUE = (\n")  # a syntax error
+    for _ in range(2):
+        proc = run(project_dir, env, "--script", "probe.py")
+        assert proc.returncode == 0 and json.loads(proc.stdout)["warm"] is None, proc.stderr
+        wait_warm(sockets)
+    (project_dir / "warmmod.py").write_text(WARM_MODULE.format(value=3))
+    deadline = time.monotonic() + 30
+    seen = None
+    while time.monotonic() < deadline and seen is None:
+        seen = json.loads(run(project_dir, env, "--script", "probe.py").stdout)["warm"]
+        time.sleep(0.1)
+    assert seen == [3, True], "the fixed module never ran warm"

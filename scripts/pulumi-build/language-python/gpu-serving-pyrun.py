@@ -282,6 +282,8 @@ def _gs_warm():
 
         if not enabled():
             return
+        if None in (sys.__stdin__, sys.__stdout__, sys.__stderr__):
+            return  # a stream closed when this interpreter started: its number may be another file's now
         try:
             where = place(module, runner)
         except OSError:
@@ -304,7 +306,11 @@ def _gs_warm():
         try:
             socket.send_fds(sock, [data[:4096]], [0, 1, 2])
             sock.sendall(data[4096:])
-            # Never a cold run after a copy may have started: wait for the answer (the warm
+        except OSError:  # e.g. a standard stream closed: nothing was forked for a request cut short
+            sock.close()
+            return
+        try:
+            # Never a cold run once a copy may have started: wait for the answer (the warm
             # process answers at once; it is one loop, no import, no I/O but stat()).
             sock.settimeout(60)
             line, buf = read_line(sock, b"")
@@ -365,10 +371,18 @@ def _gs_warm():
         failure = None
         cwd = os.getcwd()
         sys.path.insert(0, cwd)
+        broken = set()
         try:
             importlib.import_module(module)
         except BaseException as exc:  # noqa: BLE001 - whatever it is, runs go cold and say nothing
+            import traceback
+
             failure = type(exc).__name__
+            # The files the failure came from: a failed import leaves its module out of
+            # sys.modules, and the fix of that file must make this process stale.
+            broken = {frame.filename for frame in traceback.extract_tb(exc.__traceback__)}
+            if isinstance(getattr(exc, "filename", None), str):
+                broken.add(exc.filename)
         finally:
             if sys.path and sys.path[0] == cwd:
                 del sys.path[0]
@@ -381,6 +395,7 @@ def _gs_warm():
                 return None
 
         files = {m.__file__ for m in list(sys.modules.values()) if isinstance(getattr(m, "__file__", None), str)}
+        files |= {name for name in broken if os.path.isabs(name)}
         files.add(os.path.realpath(runner))
         stamps = {name: stamp(name) for name in files}
         gc.collect()
