@@ -259,7 +259,7 @@ def test_a_closed_standard_stream_runs_cold(project):
     (project_dir / "hello.py").write_text("import sys\nprint('hello', sys.stdin is None)\n")
     run(project_dir, env, "--script", "probe.py")
     wait_warm(sockets)
-    proc = subprocess.run(["bash", "-c", f'exec "$0" -u "$1" --warm warmmod --script hello.py <&-', sys.executable,
+    proc = subprocess.run(["bash", "-c", 'exec "$0" -u "$1" --warm warmmod --script hello.py <&-', sys.executable,
                            str(RUNNER)], cwd=project_dir, env=env, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stdout) == (0, "hello True\n"), proc.stderr
     [zygote] = warm_processes(sockets)
