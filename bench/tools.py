@@ -6,6 +6,7 @@ drift). Both raise `ToolFailed` with the tool's output when it fails.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -119,6 +120,22 @@ class GpuServing(Tool):
             if r.returncode and "no changes were expected" not in r.stdout.lower():
                 raise ToolFailed(f"gpu-serving drift check failed:\n{r.stdout[-3000:]}")
         return any(r.returncode for r in results)
+
+
+class GpuServingCold(GpuServing):
+    """gpu-serving with GPU_SERVING_WARM_START=0: every program and provider process starts its
+    own Python and imports everything (README, "Warm start"), as before the warm process. The
+    same projects and stacks as `gpu-serving`: the two side by side measure what warm start saves."""
+
+    name = "gpu-serving-cold"
+
+    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = (),
+                 fleets: dict[tuple[str, ...], Project] | None = None):
+        def cold(p: Project) -> Project:
+            return dataclasses.replace(p, env={**p.env, "GPU_SERVING_WARM_START": "0"})
+
+        super().__init__({k: cold(p) for k, p in projects.items()}, up_args,
+                         {k: cold(p) for k, p in (fleets or {}).items()})
 
 
 def traced(project: Project, args: list[str]) -> tuple[float, float, str]:
