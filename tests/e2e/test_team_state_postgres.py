@@ -87,10 +87,14 @@ def urns(stack: auto.Stack) -> set[str]:
     return {r["urn"] for r in stack.export_stack().deployment["resources"]}
 
 
-def pulumi_up(d, stack: str) -> subprocess.Popen:
-    """`pulumi up` as an operator types it."""
+def pulumi_up(d, stack: str, cold: bool = False) -> subprocess.Popen:
+    """`pulumi up` as an operator types it. `cold` (GPU_SERVING_WARM_START=0): every process of the
+    run descends from the CLI, so `freeze` finds them all; a warm run's program and provider are
+    forks of the project's warm process (README, "Warm start"), which freezing the CLI's tree
+    would leave running."""
+    env = {**d.env, "GPU_SERVING_WARM_START": "0"} if cold else d.env
     return subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview", "--non-interactive", "--stack", stack],
-                            cwd=d.project, env=d.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=d.project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def process_tree(pid: int) -> list[int]:
@@ -136,7 +140,7 @@ def test_a_second_up_of_the_same_stack_is_refused_by_the_lock_and_runs_nothing_o
     tp8 = d.stack("tp8")  # created in the database before either run
     history = len(tp8.history())
     record = H.HostRecord(d.host)
-    first = pulumi_up(d, "tp8")
+    first = pulumi_up(d, "tp8", cold=True)
     try:
         H.wait_for(lambda: lock_keys(server, "tp8"), 60, what="the first run's lock in the state table")
         # The first run switches tp8 in (6 s of load); freeze it, all of it, so that anything the

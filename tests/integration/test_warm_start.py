@@ -280,3 +280,25 @@ def test_a_broken_warm_module_runs_cold_until_it_is_fixed(project):
         seen = json.loads(run(project_dir, env, "--script", "probe.py").stdout)["warm"]
         time.sleep(0.1)
     assert seen == [3, True], "the fixed module never ran warm"
+
+
+def test_warm_processes_ending_and_starting_under_runs_never_fail_one(project):
+    """Runs three at a time while warm processes keep ending (idle after 0.1 s) and starting
+    (each run that finds none starts one; two at once race for the socket and one ends): a
+    runner whose warm process ends under it, before it answered, goes cold; none fails, none runs
+    twice (each prints once), each sees its own environment."""
+    project_dir, sockets, env = project
+    env = dict(env, GPU_SERVING_WARM_IDLE_SECONDS="0.1")
+    (project_dir / "once.py").write_text("import os, sys\nprint(os.environ['RUN'], 'warmmod' in sys.modules)\n")
+    seen = []
+    for batch in range(12):
+        procs = [subprocess.Popen([sys.executable, "-u", str(RUNNER), "--warm", "warmmod", "--script", "once.py"],
+                                  cwd=project_dir, env=dict(env, RUN=f"{batch}.{i}"), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i in range(3)]
+        for i, p in enumerate(procs):
+            out, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err
+            assert out.split()[0] == f"{batch}.{i}" and len(out.splitlines()) == 1, (out, err)
+            seen.append(out.split()[1])
+        time.sleep(0.05 * (batch % 4))
+    assert "True" in seen, "no run was warm"

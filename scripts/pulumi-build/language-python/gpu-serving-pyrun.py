@@ -305,19 +305,26 @@ def _gs_warm():
         data = len(body).to_bytes(header, "big") + body
         try:
             socket.send_fds(sock, [data[:4096]], [0, 1, 2])
-            sock.sendall(data[4096:])
+            if len(data) > 4096:
+                # Not with nothing left: a send of 0 bytes still fails once the warm process has
+                # closed its end, and by then it may have run the whole request already.
+                sock.sendall(data[4096:])
         except OSError:  # e.g. a standard stream closed: nothing was forked for a request cut short
             sock.close()
             return
         try:
-            # Never a cold run once a copy may have started: wait for the answer (the warm
-            # process answers at once; it is one loop, no import, no I/O but stat()).
+            # A copy runs only once its PID has reached us (the warm process lets it go after
+            # that answer is sent, see take()), so a connection closed or reset without one (a
+            # warm process ending: idle, stale, or the loser of two started at once) means
+            # nothing runs there, and this run goes cold. Silence is not that: wait for it.
             sock.settimeout(60)
             line, buf = read_line(sock, b"")
             answer = json.loads(line) if line else {}
-        except (OSError, ValueError):
+        except TimeoutError:
             sys.stderr.write("gpu-serving: the warm process did not answer; run again, or with GPU_SERVING_WARM_START=0\n")
             os._exit(1)
+        except (OSError, ValueError):
+            answer = {}
         if "pid" not in answer:
             sock.close()
             if answer.get("stale"):
@@ -440,8 +447,9 @@ def _gs_warm():
         def reply(conn, answer):
             try:
                 conn.sendall((json.dumps(answer) + "\n").encode())
+                return True
             except OSError:
-                pass
+                return False
 
         def receive(conn):
             conn.settimeout(10)
@@ -478,9 +486,11 @@ def _gs_warm():
                 if stale:
                     retire()
                 return None
+            go_read, go_write = os.pipe()
             pid = os.fork()
             if pid == 0:
                 # The copy: nothing of the warm process's own, the run's streams, place and variables.
+                os.close(go_write)
                 sel.close()
                 if state["accepting"]:
                     srv.close()
@@ -488,6 +498,11 @@ def _gs_warm():
                     other.close()
                     os.close(pidfd)
                 conn.close()
+                # Only once the runner has our PID (else it could go cold beside us).
+                go = os.read(go_read, 1)
+                os.close(go_read)
+                if go != b"g":
+                    os._exit(0)
                 for i, fd in enumerate(fds):
                     os.dup2(fd, i)
                 for fd in fds:
@@ -498,12 +513,15 @@ def _gs_warm():
                 os.environ.clear()
                 os.environ.update(request["env"])
                 return request["argv"], peer
+            os.close(go_read)
             for fd in fds:
                 os.close(fd)
             runs[pid] = (conn, os.pidfd_open(pid))
             sel.register(conn, selectors.EVENT_READ, ("runner", pid))
             sel.register(runs[pid][1], selectors.EVENT_READ, ("run", pid))
-            reply(conn, {"pid": pid})
+            if reply(conn, {"pid": pid}):
+                os.write(go_write, b"g")
+            os.close(go_write)  # without "g" first: the copy ends without running anything
             return None
 
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
