@@ -330,7 +330,7 @@ def parse_args(argv=None):
     p.add_argument("--fleet", type=lambda s: sorted({int(x) for x in s.split(",")} | {1}),
                    help="host counts for fleet scaling (default 1,2,4; --quick 1,2)")
     p.add_argument("--tools", type=lambda s: s.split(","), default=list(stats.TOOLS),
-                   help=f"comma-separated subset of {','.join(stats.TOOLS)}, or gpu-serving-cold (warm start off)")
+                   help=f"comma-separated subset of {','.join(stats.TOOLS)}, and {','.join(stats.OPTIONAL_TOOLS)} (warm start off)")
     p.add_argument("--scenarios", type=lambda s: s.split(","), default=list(stats.SCENARIOS),
                    help=f"comma-separated subset of {','.join(stats.SCENARIOS)}")
     p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")
@@ -364,7 +364,7 @@ def parse_args(argv=None):
         args.fleet = [1, 2] if args.quick else [1, 2, 4]
     if args.gpu_serving_fleet is None:
         args.gpu_serving_fleet = "stacks" if args.program_ref else "hosts"
-    unknown = set(args.tools) - set(stats.TOOLS) | set(args.scenarios) - set(stats.SCENARIOS)
+    unknown = set(args.tools) - set(stats.TOOLS) - set(stats.OPTIONAL_TOOLS) | set(args.scenarios) - set(stats.SCENARIOS)
     if unknown:
         p.error(f"unknown tool or scenario: {', '.join(sorted(unknown))}")
     if max(args.fleet) > 8:
