@@ -51,21 +51,14 @@ class WarmProcesses:
     def pytest_unconfigure(self, config):
         import shutil
         import signal
-        from pathlib import Path
 
-        mark = self.dir.encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
+        from tests.warm_support import warm_processes
+
+        for pid in warm_processes(self.dir, forks=True):
             try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                os.kill(pid, signal.SIGTERM)
             except OSError:
-                continue
-            if b"--warm-serve" in argv and any(a.startswith(mark) for a in argv):
-                try:
-                    os.kill(int(entry.name), signal.SIGTERM)
-                except OSError:
-                    pass
+                pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

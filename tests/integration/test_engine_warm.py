@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_engine_gone import wait_for
-from tests.integration.test_warm_start import children_of, warm_processes
+from tests.integration.test_engine_gone import pulumi, wait_for
 from tests.pulumi_env import REPO, EngineMissing, engine_env, require_engine
+from tests.warm_support import children_of, warm_processes
 
 pytestmark = pytest.mark.engine
 
@@ -121,10 +121,6 @@ def listening(sockets: Path, gone: tuple[int, ...] = ()):
     of `gone` (a stale one, on its way out) is left."""
     procs = warm_processes(sockets)
     return procs if list(sockets.glob("*.sock")) and procs and not set(gone) & set(procs) else None
-
-
-def pulumi(env: dict) -> str:
-    return str(Path(env["GPU_SERVING_PULUMI_BIN"]) / "pulumi")
 
 
 def up(env, project, *flags, **extra) -> dict:

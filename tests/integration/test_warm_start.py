@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.pulumi_env import REPO
+from tests.warm_support import children_of, warm_processes
 
 RUNNER = REPO / "scripts" / "pulumi-build" / "language-python" / "gpu-serving-pyrun.py"
 
@@ -60,29 +61,6 @@ def project(tmp_path):
     for pid in warm_processes(sockets):
         os.kill(pid, signal.SIGKILL)
     subprocess.run(["rm", "-rf", str(sockets)], check=False)
-
-
-def warm_processes(sockets: Path) -> list[int]:
-    """PIDs of the warm processes whose socket is in `sockets` (their command line names it), not
-    the runs they forked (which carry the same command line)."""
-    found = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                argv = (entry / "cmdline").read_bytes().split(b"\0")
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if b"--warm-serve" in argv and any(a.startswith(str(sockets).encode()) for a in argv) and stat[0] != "Z":
-                found[int(entry.name)] = int(stat[1])
-    return [pid for pid, parent in found.items() if parent not in found]
-
-
-def children_of(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def run(project_dir: Path, env: dict, *args: str, stdin: str = "", warm: bool = True, timeout: float = 60):

@@ -453,9 +453,6 @@ def _gs_warm():
 
         def receive(conn):
             conn.settimeout(10)
-            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[1]
-            if uid != os.getuid():
-                return None
             data, fds, _flags, _addr = socket.recv_fds(conn, 65536, 3)
             while len(data) < header or len(data) < header + int.from_bytes(data[:header], "big"):
                 chunk = conn.recv(1 << 16)
@@ -464,25 +461,26 @@ def _gs_warm():
                 data += chunk
             return data, fds
 
+        def drop(conn, fds):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+
         def take(conn, peer):
             got = None
             try:
                 got = receive(conn)
-                request = json.loads(got[0][header:]) if got else None
+                request = json.loads(got[0][header:])
             except (OSError, ValueError):
                 request = None
             fds = got[1] if got else []
             if not isinstance(request, dict) or len(fds) != 3 or request.get("key") != key:
-                for fd in fds:
-                    os.close(fd)
-                conn.close()
+                drop(conn, fds)
                 return None
             stale = changed()
             if stale or failure:
                 reply(conn, {"stale": stale} if stale else {"cold": failure})
-                for fd in fds:
-                    os.close(fd)
-                conn.close()
+                drop(conn, fds)
                 if stale:
                     retire()
                 return None
@@ -536,9 +534,12 @@ def _gs_warm():
                 if kind == "listen":
                     try:
                         conn, _addr = srv.accept()
-                        peer = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                   struct.calcsize("3i")))[0]
+                        peer, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                               struct.calcsize("3i")))
                     except OSError:
+                        continue
+                    if uid != os.getuid():  # runners of this user only
+                        conn.close()
                         continue
                     state["last"] = time.monotonic()
                     child = take(conn, peer)
