@@ -48,7 +48,10 @@ def read_ahead(hosts: list[dict]) -> threading.Thread | None:
         # A JSON text, so that numbers arrive as they were (a Struct makes every one a float),
         # marked secret: it holds the private keys, and the engine keeps a secret out of its logs.
         secret = {rpc._special_sig_key: rpc._special_secret_sig, "value": json.dumps(hosts)}
-        return _invoke(READ_AHEAD, {"hosts": secret}, "gpu-serving-read-ahead")
+        # dryRun: a preview's provider keeps its reads for the update of the same `pulumi up`,
+        # whose provider starts from them (remote/handoff.py).
+        from pulumi.runtime import is_dry_run
+        return _invoke(READ_AHEAD, {"hosts": secret, "dryRun": bool(is_dry_run())}, "gpu-serving-read-ahead")
     except Exception:  # noqa: BLE001 - reading ahead is never a reason to fail the run: the engine's reads do it all
         return None
 

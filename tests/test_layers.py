@@ -32,6 +32,7 @@ LAZY = {
     ("components.remote.ahead", "components.remote.providers"): "loaded ahead by the provider process only (warm_up)",
     ("components.remote.ahead", "components.remote.ssh"): "the provider process connects; the program never does",
     ("components.remote.ahead", "components.core.reads"): "the requests are built in the provider process only",
+    ("components.remote.ahead", "components.remote.handoff"): "the provider process hands reads over; the program never does",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from typing import Any, Callable, Optional
 
 # The tokens: in the dynamic provider's package, so the engine sends them to this process.
@@ -40,7 +41,11 @@ def handle(token: str, args: dict) -> Optional[dict]:
         _spawn(warm_up)
         return {}
     if token == READ_AHEAD:
-        for props in hosts_of(args):
+        hosts = hosts_of(args)
+        run = _handoff_run(hosts) if hosts else None
+        for props in hosts:
+            if run is not None:
+                hand_over(props, bool(args.get("dryRun")), *run)  # before any Read: at once
             _spawn(read_ahead, props)
         return {}
     return None
@@ -65,7 +70,9 @@ def warm_up() -> None:
 
 
 def read_ahead(props: dict) -> int:
-    """Connect to the machine `props` name and start its reads; the number started."""
+    """Connect to the machine `props` name and start its reads; the number started. Reads the
+    preview handed over (handoff.py) are not made again, and when that is all of them the
+    machine is not even connected to."""
     from ..core import reads
     from . import ssh
 
@@ -73,10 +80,45 @@ def read_ahead(props: dict) -> int:
     if not isinstance(connection, dict) or connection.get("unavailable"):
         return 0
     t = ssh.Target.from_props(props)
-    requests = reads.host_facts(props) + reads.expand(props.get("prefetch"))
-    if not ssh.connect_ahead(t):
+    requests = [r for r in reads.host_facts(props) + reads.expand(props.get("prefetch")) if not ssh.held(t, r)]
+    if not requests or not ssh.connect_ahead(t):
         return 0
     return ssh.prefetch(t, requests)
+
+
+def _handoff_run(hosts: list[dict]) -> Optional[tuple[tuple, str]]:
+    """(the CLI run, the handoff directory) when this process serves a `pulumi` CLI's run and
+    handoffs can be kept safely; None otherwise (every read is then made here, as before)."""
+    from . import handoff
+    try:
+        run = handoff.cli_run()
+        base = handoff.directory() if run is not None else None
+        if base is None:
+            return None
+        handoff.sweep(base)
+        return run, base
+    except Exception:  # noqa: BLE001 - no handoff: only a missed one
+        return None
+
+
+def hand_over(props: dict, dry_run: bool, run: tuple, base: str) -> int:
+    """The preview of an `up` keeps what its reads of this machine are served for the update;
+    the update holds what the preview kept (the number held). Never raises, never connects."""
+    from . import handoff, ssh
+    try:
+        connection = props.get("connection")
+        if not isinstance(connection, dict) or connection.get("unavailable"):
+            return 0
+        t = ssh.Target.from_props(props)
+        cli, started, is_up = run
+        if dry_run:
+            if is_up:
+                handoff.recorder.start(t.key, t.private_key, (cli, started), base)
+            return 0
+        entries = handoff.take(t.key, t.private_key, (cli, started), base, time.monotonic(), ssh.Result)
+        return ssh.seed(t, entries, handoff.MAX_AGE)
+    except Exception:  # noqa: BLE001 - a handoff is never a reason to fail: the reads are made here
+        return 0
 
 
 def _spawn(fn: Callable, *args: Any) -> None:

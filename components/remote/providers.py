@@ -249,8 +249,9 @@ class HostFactsProvider(ResourceProvider):
         request, = self.read_requests(props)
         later = reads.expand(prefetch) if prefetch else []
         if later:
-            ssh.client(t)  # the connection every read of this run shares, opened here
-            ssh.prefetch(t, later)
+            if not all(ssh.held(t, r) for r in [request, *later]):
+                ssh.client(t)  # the connection every read of this run shares, opened here
+            ssh.prefetch(t, later)  # never connects: with every read handed over, none is made
         out = ssh.fetch_first(t, request)
         try:
             return parse_facts(out.stdout).as_dict()

@@ -53,13 +53,14 @@ def _complete(value: Any) -> bool:
 
 
 class _Entry:
-    __slots__ = ("state", "value", "queued", "started")
+    __slots__ = ("state", "value", "queued", "started", "max_age")
 
     def __init__(self, queued: float):
         self.state = "pending"  # pending -> done (or removed)
         self.value: Any = None
         self.queued = queued
         self.started: float | None = None
+        self.max_age: float | None = None  # None: the cache's own
 
 
 class ReadCache:
@@ -79,6 +80,7 @@ class ReadCache:
         self._queues: dict[Hashable, deque] = {}
         self._running: dict[Hashable, int] = {}
         self.stats = {"queued": 0, "stored": 0, "served": 0, "discarded": 0}
+        self._listeners: list[Callable[[Hashable], None]] = []
 
     # --- prefetching -------------------------------------------------------------------------
     def prefetch(self, scope: Hashable, jobs: Iterable[Job]) -> int:
@@ -172,6 +174,11 @@ class ReadCache:
         """The prefetched result of this exact request (removed: it is served once; `keep`: left
         for the next take of a `reuse` request), or MISS. A read still in flight is waited for,
         until it would be too old to serve."""
+        got = self.take_read(scope, key, keep)
+        return got if got is MISS else got[0]
+
+    def take_read(self, scope: Hashable, key: Hashable, keep: bool = False) -> Any:
+        """`take`, as (result, the moment its read started), or MISS."""
         with self._cond:
             self._touch(scope)
             e = self._entries.get((scope, key))
@@ -184,15 +191,36 @@ class ReadCache:
                 self._cond.wait(remaining)
             if self._entries.get((scope, key)) is not e:
                 return MISS  # cleared by a change, or failed
+            max_age = self.max_age if e.max_age is None else e.max_age
             usable = e.state == "done" and not self._changing.get(scope) and e.started is not None \
-                and self._clock() - e.started <= self.max_age
+                and self._clock() - e.started <= max_age
             if not (keep and usable):
                 del self._entries[(scope, key)]
             if not usable:
                 self.stats["discarded"] += 1
                 return MISS
             self.stats["served"] += 1
-            return e.value
+            return e.value, e.started
+
+    def seed(self, scope: Hashable, key: Hashable, value: Any, started: float, max_age: float) -> bool:
+        """Hold a result read by another process of the same run (handoff.py: the preview's,
+        given to the update's) as if prefetched here, servable until `max_age` after `started`
+        (this clock: CLOCK_MONOTONIC, the same in every process of the machine). Only while
+        this process has changed nothing on the host and nothing is held for the request."""
+        with self._cond:
+            if self._generation.get(scope, 0) or self._changing.get(scope) or (scope, key) in self._entries \
+                    or not _complete(value):
+                return False
+            e = _Entry(started)
+            e.state, e.value, e.started, e.max_age = "done", value, started, max_age
+            self._entries[(scope, key)] = e
+            self.stats["seeded"] = self.stats.get("seeded", 0) + 1
+            return True
+
+    def holds(self, scope: Hashable, key: Hashable) -> bool:
+        """A result (or a read in flight) is held for this exact request."""
+        with self._cond:
+            return (scope, key) in self._entries
 
     def mark(self, scope: Hashable) -> tuple:
         """Taken just before a real read of a `reuse` request starts; given back to `remember`."""
@@ -235,7 +263,13 @@ class ReadCache:
             self._changing[scope] = max(0, self._changing.get(scope, 0) - 1)
             self._invalidate(scope)
 
+    def on_change(self, listener: Callable[[Hashable], None]) -> None:
+        """Call `listener(scope)` whenever a change of `scope` begins or ends."""
+        self._listeners.append(listener)
+
     def _invalidate(self, scope: Hashable) -> None:
+        for listener in self._listeners:
+            listener(scope)
         self._generation[scope] = self._generation.get(scope, 0) + 1
         self._touch(scope)
         stale = [k for k in self._entries if k[0] == scope]

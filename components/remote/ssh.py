@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from . import readcache
+from . import handoff, readcache
 
 
 def _lazy_import(name: str):
@@ -80,6 +80,8 @@ class RemoteError(Exception):
 
 # Reads started ahead of the resource that needs them (readcache.py): one store per process.
 prefetched = readcache.ReadCache()
+# A change of a host also drops what this process would hand to the update (handoff.py).
+prefetched.on_change(handoff.recorder.forget_scope)
 
 
 # The rehearsal hosts' own record of how to reach them (`python -m rehearsal up` writes it).
@@ -543,11 +545,14 @@ def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes
     key = (t.key, "run", command)
     reuse = reuse and read and input is None
     mark = None
+    started = None
     if read and input is None:
-        hit = prefetched.take(scope, key, keep=reuse)
-        if hit is not readcache.MISS and not (check and hit.rc != 0):
-            return hit
+        hit = prefetched.take_read(scope, key, keep=reuse)
+        if hit is not readcache.MISS and not (check and hit[0].rc != 0):
+            handoff.recorder.note(t.key, key[1:], hit[1], hit[0])
+            return hit[0]
         mark = prefetched.mark(scope) if reuse else None
+        started = time.monotonic()
     elif not read:
         prefetched.begin_change(scope)
     try:
@@ -560,6 +565,8 @@ def run(t: Target, argv: list[str] | str, *, purpose: str, input: Optional[bytes
     result = Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))
     if mark is not None and rc == 0:
         prefetched.remember(scope, key, result, mark)
+    if started is not None and isinstance(rc, int) and rc >= 0:
+        handoff.recorder.note(t.key, key[1:], started, result)
     if check and rc != 0:
         tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-15:])
         raise RemoteError(redact(f"{purpose} on {t.label} failed (exit {rc}):\n{tail}", secrets))
@@ -672,14 +679,18 @@ def _owner(sftp: paramiko.SFTPClient, path: str) -> Optional[str]:
 
 def _sftp_read(t: Target, kind: str, path: str, what: str, read):
     """A read by SFTP, or its prefetched result (the same `kind` of read of the same path)."""
-    hit = prefetched.take(_scope(t), (t.key, kind, path))
+    hit = prefetched.take_read(_scope(t), (t.key, kind, path))
     if hit is not readcache.MISS:
-        return hit
+        handoff.recorder.note(t.key, (kind, path), hit[1], hit[0])
+        return hit[0]
+    started = time.monotonic()
     try:
         with _sftp(t, what) as sftp:
-            return read(sftp, path)
+            value = read(sftp, path)
     finally:
         prefetched.touch(_scope(t))
+    handoff.recorder.note(t.key, (kind, path), started, value)
+    return value
 
 
 def read_file(t: Target, path: str) -> Optional[bytes]:
@@ -775,6 +786,29 @@ def fetch_first(t: Target, request: dict):
 
 # The reads of a file (reads.py ops), each on an open SFTP session.
 FILE_OPS = {"read_file": _read_bytes, "stat_mode": _mode, "stat_owner": _owner}
+
+
+def request_key(t: Target, request: dict) -> Optional[tuple]:
+    """The key a read request of reads.py is held under (readcache.py), or None if malformed."""
+    op = request.get("op") if isinstance(request, dict) else None
+    if op == "run" and isinstance(request.get("argv"), list) and request["argv"] \
+            and all(isinstance(a, str) for a in request["argv"]):
+        return (t.key, "run", shlex.join(request["argv"]))
+    if op in FILE_OPS and isinstance(request.get("path"), str):
+        return (t.key, op, request["path"])
+    return None
+
+
+def held(t: Target, request: dict) -> bool:
+    """A result of this request is held (or being read ahead): reading it needs no connection."""
+    key = request_key(t, request)
+    return key is not None and prefetched.holds(_scope(t), key)
+
+
+def seed(t: Target, entries: Iterable[tuple[tuple, float, Any]], max_age: float) -> int:
+    """Hold results another process of this run read of `t` (handoff.py); the number held."""
+    return sum(prefetched.seed(_scope(t), (t.key, *request), value, started, max_age)
+               for request, started, value in entries)
 
 
 def prefetch_window_open(t: Target) -> bool:

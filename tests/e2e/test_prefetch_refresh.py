@@ -7,6 +7,10 @@ readiness: 7 sessions over 1 connection, where reading them one resource after t
 A hand edit made just before the refresh is still seen (drift, then repaired)."""
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 from pulumi import automation as auto
 
@@ -40,6 +44,61 @@ def test_a_refresh_reads_each_thing_once_over_one_connection(deployment):
         commands, logins = record.since(mark)
         assert logins == 1, (op, logins)
         assert _sessions(commands) == (7, 2), (op, commands)
+
+
+def _cli(d, *args: str) -> subprocess.CompletedProcess:
+    """The `pulumi` CLI as an operator runs it (Automation's `up` skips the preview)."""
+    exe = shutil.which("pulumi", path=d.env["PATH"])
+    return subprocess.run([exe, *args], cwd=d.project, env=d.env, capture_output=True, text=True, timeout=600)
+
+
+def _handoff_files() -> list[str]:
+    base = os.environ.get("GPU_SERVING_HANDOFF_DIR") or f"/tmp/gpu-serving-handoff-{os.getuid()}"
+    return [n for n in os.listdir(base) if n.startswith("reads-")] if os.path.isdir(base) else []
+
+
+def test_pulumi_up_reads_the_host_once_its_update_starting_from_the_preview(deployment):
+    # components/remote/handoff.py: the update of `pulumi up --yes` is served the reads its
+    # preview was served, so the whole command is one connection and one set of sessions, as a
+    # preview alone (it was 2 logins and 14 sessions); and it leaves no handoff file behind.
+    d = deployment
+    d.stack("tp8").up(on_output=print)
+    H.install_command_log(d.host)
+    record = H.HostRecord(d.host)
+    before = set(_handoff_files())
+    mark = record.mark()
+    out = _cli(d, "up", "--stack", "tp8", "--yes")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "unchanged" in out.stdout and "updated" not in out.stdout, out.stdout[-3000:]
+    commands, logins = record.since(mark)
+    assert logins == 1, logins
+    assert _sessions(commands) == (7, 2), commands
+    assert set(_handoff_files()) <= before
+    # A preview alone keeps nothing for anyone: it is not an `up`.
+    out = _cli(d, "preview", "--stack", "tp8", "--refresh", "--expect-no-changes")
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert set(_handoff_files()) <= before
+
+
+def test_pulumi_up_repairs_a_hand_edit_and_reads_again_after_its_own_change(deployment):
+    # The preview saw the edit, and the update acts on what it saw; once the update has written
+    # the file it reads the host again (a change drops what was handed over): the service is
+    # checked against the repaired file, and the next drift check is clean.
+    d = deployment
+    d.stack("tp8").up(on_output=print)
+    original = d.sh(f"cat {ENV_FILE}")
+    d.sh(f"sed -i 's/NCCL_ALGO=Ring/NCCL_ALGO=Tree/' {ENV_FILE}")
+    H.install_command_log(d.host)
+    record = H.HostRecord(d.host)
+    mark = record.mark()
+    out = _cli(d, "up", "--stack", "tp8", "--yes", "--diff")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "NCCL_ALGO" in out.stdout, out.stdout[-3000:]
+    commands, logins = record.since(mark)
+    # The preview's connection, then the update's for the write and what follows it.
+    assert logins == 2, logins
+    assert d.sh(f"cat {ENV_FILE}") == original
+    assert _cli(d, "preview", "--stack", "tp8", "--refresh", "--expect-no-changes").returncode == 0
 
 
 def test_a_hand_edit_just_before_the_refresh_is_drift(deployment):

@@ -51,8 +51,12 @@ def _gs_pyrun(argv):
         defer(deferred)
         argv, parent = warm_serve(argv[2], argv[3], argv[4], runner)
         exit_with_parent(parent)
+        # Which process the engine launched for this run (its parent is the `pulumi` CLI): the
+        # runner, for a copy (components/remote/handoff.py finds the CLI's run by it).
+        os.environ["GPU_SERVING_LAUNCHED_PID"] = str(parent)
     else:
         exit_with_parent()
+        os.environ["GPU_SERVING_LAUNCHED_PID"] = str(os.getpid())
         if len(argv) >= 3 and argv[1] == "--warm":
             module, argv = argv[2], [argv[0], *argv[3:]]
             warm_relay(module, argv, runner)  # returns only when no warm process took the run
