@@ -153,13 +153,13 @@ class Bench:
                 if scenario == "switch" and tool.name == "gpu-serving" else []
             for p in probers:
                 p.__enter__()
-            t0 = time.monotonic()
+            t0, cpu0 = time.monotonic(), machine_cpu()
             failed = None
             try:
                 result = getattr(tool, what)(stack, hosts)
             except ToolFailed as exc:
                 failed = exc
-            seconds = time.monotonic() - t0
+            seconds, cpu = time.monotonic() - t0, machine_cpu() - cpu0
             returned = time.time()
             for p in probers:
                 p.__exit__()
@@ -178,7 +178,7 @@ class Bench:
             if failed:
                 raise failed
             break
-        sample = {"seconds": round(seconds, 4), "connections": conns, "sessions": sessions}
+        sample = {"seconds": round(seconds, 4), "connections": conns, "sessions": sessions, "cpu": round(cpu, 2)}
         if probers:
             units = [self.plans[FROM]["unit_name"], self.plans[TO]["unit_name"]]
             per_host = [downtime.compute(p.results, downtime.journal_events(h.journal, wall - 1, units), *units)
@@ -279,6 +279,16 @@ class Bench:
 
 
 # --------------------------------------------------------------------------------------------
+def machine_cpu() -> float:
+    """CPU seconds this machine has spent working since boot (/proc/stat: user, nice, system, irq,
+    softirq; not idle, iowait or steal). Over a run: the tool's work and its rehearsal hosts'
+    (they share this machine's cores), which bounds how fast N hosts can go here at all."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
 def _version(argv: list[str]) -> str:
     try:
         out = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)

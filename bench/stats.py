@@ -44,7 +44,7 @@ def summarize_samples(samples: list[dict]) -> Optional[dict]:
     if seconds is None:
         return None
     out = {"seconds": seconds}
-    for key in ("connections", "sessions"):
+    for key in ("connections", "sessions", "cpu"):
         values = [s[key] for s in samples if s.get(key) is not None]
         out[key] = statistics.median(values) if values else None
     downtimes = [s["downtime"] for s in samples if s.get("downtime")]
@@ -120,10 +120,10 @@ def scenario_table(summaries: dict[str, Optional[dict]]) -> str:
             continue
         sec = s["seconds"]
         rows.append([tool, _f(sec["min"]), _f(sec["median"]), _f(sec["max"]), str(sec["n"]),
-                     _num(s.get("connections")), _num(s.get("sessions")),
+                     _num(s.get("connections")), _num(s.get("sessions")), _f(s.get("cpu")),
                      _f(r["over_raw"].get(tool), "{:.2f}x"),
                      "-" if tool == OURS else _f(r["ours_over"].get(tool), "{:.2f}x")])
-    return table(["tool", "min s", "median s", "max s", "runs", "ssh conns", "ssh sessions",
+    return table(["tool", "min s", "median s", "max s", "runs", "ssh conns", "ssh sessions", "CPU s",
                   "median / raw-ssh", "gpu-serving / tool"], rows)
 
 
@@ -143,9 +143,14 @@ def fleet_table(scenario: str, by_hosts: dict[int, dict[str, Optional[dict]]]) -
         for n in ns:
             s = by_hosts[n].get(tool)
             cells.append(_num(s.get("connections")) if s else "-")
+        for n in ns:
+            s = by_hosts[n].get(tool)
+            cells.append(_f(s.get("cpu")) if s else "-")
         rows.append(cells)
+    # CPU s: what the machine worked during the run (the tool and its rehearsal hosts share its
+    # cores): over the core count, the least T(N) can be here whatever the tool's latency.
     headers = (["tool"] + [f"T({n}) s" for n in ns] + [f"T({n})/T(1)" for n in ns if n != 1]
-               + [f"conns N={n}" for n in ns])
+               + [f"conns N={n}" for n in ns] + [f"CPU s N={n}" for n in ns])
     return table(headers, rows)
 
 

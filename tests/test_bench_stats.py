@@ -59,6 +59,24 @@ def test_fleet_scaling_is_relative_to_one_host():
     assert "2" not in scaling["ansible"]  # not measured at N=2: no ratio invented
 
 
+def test_the_machines_cpu_seconds_are_summarized_and_shown_per_fleet_size():
+    # What the machine worked during a run: the tool and its rehearsal hosts share its cores, so
+    # CPU s over the core count is the least T(N) can be there (docs/benchmarks.md, tenth round).
+    by_n = {1: {"gpu-serving": stats.summarize_samples([{**sample(4.0), "cpu": 5.0}, {**sample(5.0), "cpu": 7.0},
+                                                         {**sample(4.5), "cpu": 6.0}])},
+            4: {"gpu-serving": stats.summarize_samples([{**sample(9.0), "cpu": 15.5}]),
+                "pyinfra": stats.summarize_samples([sample(3.0)])}}  # a run from before the figure
+    assert by_n[1]["gpu-serving"]["cpu"] == 6.0
+    assert by_n[4]["pyinfra"]["cpu"] is None
+    text = stats.fleet_table("switch", by_n)
+    assert "CPU s N=1" in text and "CPU s N=4" in text
+    def cells(tool):
+        line = next(line for line in text.splitlines() if line.startswith(f"| {tool} "))
+        return [c.strip() for c in line.strip("|").split("|")]
+    assert cells("gpu-serving")[-2:] == ["6.00", "15.50"]
+    assert cells("pyinfra")[-2:] == ["-", "-"]
+
+
 def test_ratio_of_missing_or_zero_is_none():
     assert stats.ratio(None, 1.0) is None and stats.ratio(1.0, 0) is None and stats.ratio(2.0, 4.0) == 0.5
 
