@@ -61,6 +61,10 @@ class Prober:
         self._thread.join(timeout=5)
 
 
+# systemd's own lines (PID 1) when a unit's process dies, fails or is started again by Restart=.
+FAILURE_MESSAGES = ("Main process exited", "Failed with result", "Scheduled restart job", "State '")
+
+
 def journal_events(journal: Path, since: float, units: list[str]) -> list[dict]:
     """The host's journal after `since` (epoch s), read from outside the host: systemd's job
     messages for `units` and sshd's session lines, as {t, kind, unit} in time order."""
@@ -82,6 +86,10 @@ def journal_events(journal: Path, since: float, units: list[str]) -> list[dict]:
                                          "stop" if message.startswith("Stopping ") else None)
             if kind in ("start", "stop", "restart"):
                 events.append({"t": t, "kind": kind, "unit": e["UNIT"]})
+            elif message.startswith(FAILURE_MESSAGES):
+                # What systemd said of a unit that failed or was restarted under the run: a run
+                # whose server took long to answer says why (a rehearsal host's flake, or ours).
+                events.append({"t": t, "kind": "failure", "unit": e["UNIT"], "message": message[:160]})
     return sorted(events, key=lambda e: e["t"])
 
 
@@ -102,6 +110,7 @@ def compute(probes: list[tuple[float, bool]], events: list[dict], old_unit: str,
         "first_ok": first_ok,
         "idle_sessions": idle,
         "idle_seconds": None if stop is None or first_ok is None else round(first_ok - stop, 3),
+        "failures": [e["message"] for e in events if e["kind"] == "failure" and e["unit"] in (old_unit, new_unit)],
     }
 
 
@@ -115,4 +124,5 @@ def combine(per_host: list[dict], returned: float) -> dict:
     last_first = max(firsts) if firsts and None not in firsts else None
     return {"stop_to_start": worst("stop_to_start"),
             "ready_to_return": None if last_first is None else round(returned - last_first, 3),
-            "idle_sessions": worst("idle_sessions"), "idle_seconds": worst("idle_seconds")}
+            "idle_sessions": worst("idle_sessions"), "idle_seconds": worst("idle_seconds"),
+            **({"failures": failures} if (failures := [m for h in per_host for m in h.get("failures") or []]) else {})}

@@ -197,6 +197,22 @@ def test_a_fleets_downtime_is_its_worst_host_and_its_last_first_generation():
     assert downtime.combine([a, {**b, "first_ok": None, "stop_to_start": None}], 12.0)["ready_to_return"] is None
 
 
+def test_a_switch_whose_new_server_failed_and_restarted_says_so():
+    # A run that took long (one 4-host run of 128 s, docs/benchmarks.md tenth round): systemd's
+    # lines about the units under the run are kept with its downtime, so the outlier says why.
+    events = [{"t": 10.0, "kind": "stop", "unit": "old"}, {"t": 10.1, "kind": "start", "unit": "new"},
+              {"t": 11.0, "kind": "failure", "unit": "new", "message": "Main process exited, code=exited, status=1/FAILURE"},
+              {"t": 11.0, "kind": "failure", "unit": "other", "message": "Failed with result 'exit-code'."},
+              {"t": 41.0, "kind": "failure", "unit": "new", "message": "Scheduled restart job, restart counter is at 1."}]
+    probes = [(9.9, True), (10.5, False), (42.0, True)]
+    one = downtime.compute(probes, events, "old", "new")
+    assert one["failures"] == ["Main process exited, code=exited, status=1/FAILURE",
+                               "Scheduled restart job, restart counter is at 1."]
+    assert one["idle_seconds"] == 32.0
+    assert downtime.combine([one, {**one, "failures": []}], 43.0)["failures"] == one["failures"]
+    assert "failures" not in downtime.combine([{**one, "failures": []}], 43.0)
+
+
 def test_the_report_prints_the_downtime_rows():
     samples = {"single": {"switch": {"gpu-serving": [
         {**sample(5.0, 2, 20), "downtime": {"stop_to_start": 0.1, "ready_to_return": 1.4, "idle_sessions": 2, "idle_seconds": 0.5}},
