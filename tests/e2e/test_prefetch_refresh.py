@@ -101,6 +101,26 @@ def test_pulumi_up_repairs_a_hand_edit_and_reads_again_after_its_own_change(depl
     assert _cli(d, "preview", "--stack", "tp8", "--refresh", "--expect-no-changes").returncode == 0
 
 
+def test_pulumi_up_switches_and_back_through_the_cli_with_its_reads_handed_over(deployment):
+    # The operator's switch, as typed: `pulumi up --yes` to ep8 (its preview's reads handed to the
+    # update; the switch itself under the host lock, on the update's own connection), the
+    # server really in the new layout, a clean drift check, then back to tp8 the same way.
+    import json
+
+    d = deployment
+    d.stack("tp8").up(on_output=print)
+    for stack, other, ep in (("ep8", "tp8", 8), ("tp8", "ep8", 1)):
+        d.stack(stack)  # the stack exists (created here the first time, as `pulumi stack init` would)
+        out = _cli(d, "up", "--stack", stack, "--yes")
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        r = json.loads(_cli(d, "stack", "output", "readiness", "--stack", stack, "--json").stdout)
+        assert r["status"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == ep, r
+        assert d.sh(f"systemctl is-active sglang-kimi-k2.6-{stack}.service").strip() == "active"
+        assert d.sh(f"systemctl is-active sglang-kimi-k2.6-{other}.service").strip() == "inactive"
+        check = _cli(d, "preview", "--stack", stack, "--refresh", "--expect-no-changes")
+        assert check.returncode == 0, check.stdout[-3000:]
+
+
 def test_a_hand_edit_just_before_the_refresh_is_drift(deployment):
     d = deployment
     original = d.sh(f"cat {ENV_FILE}")
