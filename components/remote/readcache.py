@@ -79,7 +79,7 @@ class ReadCache:
         self._window: dict[Hashable, float] = {}
         self._queues: dict[Hashable, deque] = {}
         self._running: dict[Hashable, int] = {}
-        self.stats = {"queued": 0, "stored": 0, "served": 0, "discarded": 0}
+        self.stats = {"queued": 0, "stored": 0, "served": 0, "discarded": 0, "seeded": 0}
         self._listeners: list[Callable[[Hashable], None]] = []
 
     # --- prefetching -------------------------------------------------------------------------
@@ -214,7 +214,7 @@ class ReadCache:
             e = _Entry(started)
             e.state, e.value, e.started, e.max_age = "done", value, started, max_age
             self._entries[(scope, key)] = e
-            self.stats["seeded"] = self.stats.get("seeded", 0) + 1
+            self.stats["seeded"] += 1
             return True
 
     def holds(self, scope: Hashable, key: Hashable) -> bool:

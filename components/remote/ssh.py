@@ -829,15 +829,18 @@ def prefetch(t: Target, requests: list[dict]) -> int:
         order: list[tuple] = []
         files: dict[str, list[str]] = {}
         for r in requests:
-            op = r.get("op") if isinstance(r, dict) else None
-            if op == "run" and isinstance(r.get("argv"), list) and r["argv"] and all(isinstance(a, str) for a in r["argv"]):
-                order.append(("run", shlex.join(r["argv"]), float(r.get("timeout") or t.command_timeout)))
-            elif op in FILE_OPS and isinstance(r.get("path"), str) and r["path"].startswith("/"):
-                if r["path"] not in files:
-                    files[r["path"]] = []
-                    order.append(("file", r["path"]))
-                if op not in files[r["path"]]:
-                    files[r["path"]].append(op)
+            key = request_key(t, r)  # None: not a well-formed read request
+            if key is None:
+                continue
+            _, op, what = key
+            if op == "run":
+                order.append(("run", what, float(r.get("timeout") or t.command_timeout)))
+            elif what.startswith("/"):
+                if what not in files:
+                    files[what] = []
+                    order.append(("file", what))
+                if op not in files[what]:
+                    files[what].append(op)
         jobs = []
         for item in order:
             if item[0] == "run":
