@@ -11,7 +11,7 @@ from .core.config import CudaSettings, StackSettings
 from .core.cuda import INSTALL_TIMEOUT, REHEARSAL, REHEARSAL_REPO_DIR, settings_problems
 from .core.errors import ConfigError, SettingError
 from .gpu_host import GpuHost
-from .resources import MODULE, dynamic_options
+from .resources import MODULE, dynamic_options, wait_in_children
 from .remote.installers import CudaToolkitProvider
 
 # --------------------------------------------------------------------------------------------
@@ -74,6 +74,7 @@ class CudaToolkit(pulumi.ComponentResource):
     home: pulumi.Output[str]
 
     def __init__(self, name: str, host: GpuHost, settings: StackSettings, opts: Optional[pulumi.ResourceOptions] = None):
+        opts, after = wait_in_children(opts)
         super().__init__("gpu-serving:index:CudaToolkit", name, {}, opts)
         problems = settings_problems(settings.cuda)
         try:
@@ -87,7 +88,7 @@ class CudaToolkit(pulumi.ComponentResource):
         # from "ran once". The provider reads `nvcc --version`, installs only when that differs,
         # and its delete is a no-op (retain_on_delete too): the other strategy stacks use CUDA.
         self.install = _CudaInstall(f"{name}-toolkit", {"connection": host.connection, **props},
-                                    pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+                                    pulumi.ResourceOptions(parent=self, retain_on_delete=True, depends_on=after))
         self.version = self.install.version
         self.home = self.install.home
         self.register_outputs({"version": self.version, "home": self.home})

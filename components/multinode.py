@@ -14,7 +14,7 @@ from .core import readiness as R
 from .core.plan import ServingPlan, declared_layout
 from .core.unit import UNIT_DIR
 from .gpu_host import GpuHost
-from .resources import MultiNodeService, RemoteFile, RendezvousCheck
+from .resources import MultiNodeService, RemoteFile, RendezvousCheck, wait_in_children
 
 
 class MultiNodeServing(pulumi.ComponentResource):
@@ -22,6 +22,7 @@ class MultiNodeServing(pulumi.ComponentResource):
 
     def __init__(self, name: str, nodes: list[tuple[str, ServingPlan, GpuHost]], secret_environment: Optional[pulumi.Output],
                  opts: Optional[pulumi.ResourceOptions] = None):
+        opts, installs = wait_in_children(opts)
         super().__init__("gpu-serving:index:MultiNodeServing", name, {}, opts)
         child = pulumi.ResourceOptions(parent=self)
         first = nodes[0][1]
@@ -36,7 +37,7 @@ class MultiNodeServing(pulumi.ComponentResource):
             "port": s.node.port,
             # A changed unit on any node checks again before it is written.
             "units": {n: hashlib.sha256(p.unit.text.encode()).hexdigest()[:16] for n, p, _ in nodes},
-        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[h for _, _, h in nodes])))
+        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*installs, *(h for _, _, h in nodes)])))
         after_check = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[self.rendezvous]))
         files = []
         for n, plan, host in nodes:

@@ -14,7 +14,7 @@ from .core.plan import ServingPlan, declared_layout
 from .core.switch import switch_planned
 from .core.unit import UNIT_DIR
 from .gpu_host import GpuHost
-from .resources import RemoteFile, Service
+from .resources import RemoteFile, Service, wait_in_children
 
 
 # One delete hook for every serving unit, under one name the program always registers: Pulumi
@@ -129,8 +129,10 @@ class ServingUnit(pulumi.ComponentResource):
         # (a switch takes it out and puts it back, components/remote/router.py); `after`: the
         # services of the roll's previous batch, which switch first; `notice`: the fleet's line
         # printed when a switch is planned.
+        opts, installs = wait_in_children(opts)
         super().__init__("gpu-serving:index:ServingUnit", name, {}, opts)
-        child = pulumi.ResourceOptions(parent=self)
+        # The files wait for the host and its installs (the service after the files, so after them too).
+        child = pulumi.ResourceOptions(parent=self, depends_on=installs)
         # A fleet's resources name their entry, so the providers' lines and errors say `hosts[gpu2]`.
         entry = {"hostEntry": prefix[:-1]} if prefix else {}
         s = plan.settings

@@ -21,7 +21,7 @@ from .core.venv import (
     wheelhouse_problems,
 )
 from .gpu_host import GpuHost
-from .resources import MODULE, dynamic_options
+from .resources import MODULE, dynamic_options, wait_in_children
 from .remote.installers import PythonVenvProvider
 
 # --------------------------------------------------------------------------------------------
@@ -98,6 +98,7 @@ class PythonVenv(pulumi.ComponentResource):
     packages: pulumi.Output[dict]
 
     def __init__(self, name: str, host: GpuHost, settings: StackSettings, opts: Optional[pulumi.ResourceOptions] = None):
+        opts, after = wait_in_children(opts)
         super().__init__("gpu-serving:index:PythonVenv", name, {}, opts)
         try:
             props = install_props(settings.venv)
@@ -106,7 +107,7 @@ class PythonVenv(pulumi.ComponentResource):
         # A dynamic provider with a real read (the venv's python and pip list): a broken or
         # changed venv is drift; delete is a no-op (and retained), the other stacks use it.
         self.install = _VenvInstall(f"{name}-packages", {"connection": host.connection, **props},
-                                    pulumi.ResourceOptions(parent=self, retain_on_delete=True))
+                                    pulumi.ResourceOptions(parent=self, retain_on_delete=True, depends_on=after))
         self.python = self.install.pythonPath
         self.packages = self.install.installed
         self.register_outputs({"python": self.python, "packages": self.packages})

@@ -230,6 +230,49 @@ def test_multi_node_registers_files_per_node_one_service_for_all_after_the_rende
     assert {d.rsplit("::", 1)[1] for d in urns["tp16x2-service"]} >= {"node0-unit-file", "node1-unit-file"}
 
 
+def _names(urns) -> set:
+    return {u.rsplit("::", 1)[1] for u in urns}
+
+
+@pytest.mark.parametrize("fleet", [False, True])
+def test_components_register_at_once_and_their_resources_wait_in_order(monkeypatch, fleet):
+    """A component that waited for its dependencies would put its own engine step in the chain of
+    every run (resources.wait_in_children): the components name no dependency, and each resource
+    in them waits for what the component was declared after, so every change keeps its order:
+    host facts, then CUDA and the venv, then both files, then the service, then readiness."""
+    monkeypatch.chdir(ROOT)
+    registered = record_registrations(monkeypatch, "dependencies")
+    config = stack_config("ep8")
+    if fleet:
+        config["gpu-serving:hosts"] = json.dumps(FLEET)
+    run_program("ep8", config)
+    deps = {(t, n): _names(d) for t, n, d in registered}
+    for p in (["gpu1-", "gpu2-"] if fleet else [""]):
+        host = p[:-1] if fleet else "host"
+        components = {(t, n) for t, n in deps if t.startswith("gpu-serving:index:") and (n.startswith(p) or n == host)}
+        assert {t.rsplit(":", 1)[1] for t, _ in components} >= {"GpuHost", "CudaToolkit", "PythonVenv", "ServingUnit",
+                                                                "ReadinessCheck"}, components
+        assert all(not deps[c] for c in components), {c: deps[c] for c in components if deps[c]}
+        facts, installs = f"{host}-facts", {f"{p}cuda-toolkit", f"{p}venv-packages"}
+        assert deps[(DYNAMIC + "CudaToolkitInstall", f"{p}cuda-toolkit")] == {facts}
+        assert deps[(DYNAMIC + "PythonVenvInstall", f"{p}venv-packages")] == {facts}
+        files = {f"{p}environment-file", f"{p}unit-file"}
+        for f in files:
+            assert deps[(DYNAMIC + "RemoteFile", f)] >= {facts, *installs}, f
+        assert deps[(DYNAMIC + "SystemdService", f"{p}service")] >= files
+        assert deps[(DYNAMIC + "Readiness", f"{p}readiness")] >= {f"{p}service"}
+
+
+def test_multi_node_components_register_at_once_and_the_check_waits_for_every_install(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    registered = record_registrations(monkeypatch, "dependencies")
+    run_program("tp16x2", stack_config("tp16x2"))
+    deps = {(t, n): _names(d) for t, n, d in registered}
+    assert not deps[("gpu-serving:index:MultiNodeServing", "tp16x2")]
+    check = deps[(DYNAMIC + "RendezvousCheck", "tp16x2-rendezvous")]
+    assert check >= {f"node{k}-{r}" for k in (0, 1) for r in ("facts", "cuda-toolkit", "venv-packages")}, check
+
+
 class FailedRollbackRecorder(Recorder):
     """The service reports a switch whose rollback failed (what ServiceProvider records)."""
     MESSAGE = "readiness: crashed: exit 1\nrollback failed: nothing serves on rehearsal host: sglang-ep8.service did not come back"
