@@ -5,6 +5,7 @@ real key exchange, authentication, channels and exit statuses over a real TCP co
 import io
 import socket
 import threading
+import time
 
 import paramiko
 import pytest
@@ -136,3 +137,48 @@ def test_nothing_listening_is_cannot_reach_within_the_bound():
             ssh._connect(target(port, public_line(host_key), new_key()[0], timeout=0.6))
     finally:
         spare.close()
+
+
+def test_a_host_that_stalls_in_the_key_exchange_is_cannot_reach_not_a_hang():
+    """Connecting over our own socket keeps the key exchange bounded by connectTimeout: a server
+    that sends its banner and then says nothing more is given up, not waited for forever."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    held = []
+
+    def stall():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            held.append(conn)
+            conn.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u6\r\n")  # then silence
+
+    threading.Thread(target=stall, daemon=True).start()
+    port = listener.getsockname()[1]
+    outcome: list = []
+
+    def attempt():
+        try:
+            ssh._connect(target(port, public_line(new_key()[1]), new_key()[0], timeout=0.5))
+        except Exception as exc:  # noqa: BLE001 - the test looks at what it was
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    started = time.monotonic()
+    worker.start()
+    worker.join(30)
+    took = time.monotonic() - started
+    try:
+        assert not worker.is_alive(), "connecting to a host stalled in the key exchange did not end"
+        # Bounded by connectTimeout (one 0.5 s attempt, no second: it would start after 2 x 0.5 s),
+        # not by paramiko's own 15 s handshake limit.
+        assert took < 8, took
+        assert len(outcome) == 1 and isinstance(outcome[0], ssh.Unreachable), outcome
+        assert f"cannot reach root@127.0.0.1:{port} over SSH" in str(outcome[0])
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()

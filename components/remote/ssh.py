@@ -278,7 +278,8 @@ def _connect(t: Target) -> paramiko.SSHClient:
         sock = None
         try:
             sock = _tcp(t)
-            client.connect(t.host, port=t.port, username=t.user, pkey=pkey, sock=sock,
+            # `timeout` still bounds the key exchange (paramiko's start_client) with our socket.
+            client.connect(t.host, port=t.port, username=t.user, pkey=pkey, sock=sock, timeout=t.connect_timeout,
                            banner_timeout=t.connect_timeout, auth_timeout=t.connect_timeout,
                            channel_timeout=t.connect_timeout, allow_agent=False, look_for_keys=False)
             transport = client.get_transport()
