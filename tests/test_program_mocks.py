@@ -227,7 +227,7 @@ def test_multi_node_registers_files_per_node_one_service_for_all_after_the_rende
     assert "service" not in names and "node1-readiness" not in names and "node0-readiness" in names
     urns = {n: d for t, n, d in deps}
     assert any(d.endswith("tp16x2-rendezvous") for d in urns["node1-unit-file"])
-    assert {d.rsplit("::", 1)[1] for d in urns["tp16x2-service"]} >= {"node0-unit-file", "node1-unit-file"}
+    assert _names(urns["tp16x2-service"]) >= {"node0-unit-file", "node1-unit-file"}
 
 
 def _names(urns) -> set:

@@ -54,16 +54,12 @@ class Server(paramiko.ServerInterface):
         return True
 
 
-@pytest.fixture
-def sshd():
-    """(port, host key line, client key text, the server side's sockets) of a loopback SSH server."""
-    host_text, host_key = new_key()
-    client_text, client_key = new_key()
+def loopback(handle) -> socket.socket:
+    """A listening socket on 127.0.0.1 whose connections are given to `handle`, one after another,
+    in the listener's own thread, until the listener is closed."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
-    accepted: list = []
-    transports: list = []
 
     def serve():
         while True:
@@ -71,17 +67,30 @@ def sshd():
                 conn, _ = listener.accept()
             except OSError:
                 return
-            accepted.append(conn)
-            t = paramiko.Transport(conn)
-            t.add_server_key(host_key)
-            transports.append(t)
-            try:
-                t.start_server(server=Server(client_key))
-            except (paramiko.SSHException, EOFError, OSError):
-                pass
+            handle(conn)
 
     threading.Thread(target=serve, daemon=True).start()
-    yield listener.getsockname()[1], public_line(host_key), client_text, accepted
+    return listener
+
+
+@pytest.fixture
+def sshd():
+    """(port, host key line, client key text) of a loopback SSH server."""
+    _, host_key = new_key()
+    client_text, client_key = new_key()
+    transports: list = []
+
+    def handle(conn):
+        t = paramiko.Transport(conn)
+        t.add_server_key(host_key)
+        transports.append(t)
+        try:
+            t.start_server(server=Server(client_key))
+        except (paramiko.SSHException, EOFError, OSError):
+            pass
+
+    listener = loopback(handle)
+    yield listener.getsockname()[1], public_line(host_key), client_text
     listener.close()
     for t in transports:
         t.close()
@@ -93,7 +102,7 @@ def target(port: int, host_key: str, private_key: str, timeout: float = 5.0) -> 
 
 
 def test_the_connection_runs_with_nagle_off_and_commands_run_over_it(sshd):
-    port, host_key, key, _ = sshd
+    port, host_key, key = sshd
     client = ssh._connect(target(port, host_key, key))
     try:
         sock = client.get_transport().sock
@@ -110,7 +119,7 @@ def test_the_connection_runs_with_nagle_off_and_commands_run_over_it(sshd):
 
 
 def test_another_host_key_is_still_refused_before_the_login_and_the_socket_closed(sshd, monkeypatch):
-    port, _, key, _ = sshd
+    port, _, key = sshd
     _, other = new_key()
     made = []
     monkeypatch.setattr(ssh, "_tcp", lambda t, tcp=ssh._tcp: made.append(tcp(t)) or made[-1])
@@ -121,7 +130,7 @@ def test_another_host_key_is_still_refused_before_the_login_and_the_socket_close
 
 
 def test_a_key_the_host_does_not_accept_is_a_login_failure(sshd):
-    port, host_key, _, _ = sshd
+    port, host_key, _ = sshd
     wrong, _ = new_key()
     with pytest.raises(ssh.RemoteError, match="SSH authentication as root failed on root@127.0.0.1"):
         ssh._connect(target(port, host_key, wrong))
@@ -142,21 +151,13 @@ def test_nothing_listening_is_cannot_reach_within_the_bound():
 def test_a_host_that_stalls_in_the_key_exchange_is_cannot_reach_not_a_hang():
     """Connecting over our own socket keeps the key exchange bounded by connectTimeout: a server
     that sends its banner and then says nothing more is given up, not waited for forever."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(4)
     held = []
 
-    def stall():
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            held.append(conn)
-            conn.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u6\r\n")  # then silence
+    def stall(conn):
+        held.append(conn)
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2p1 Debian-2+deb12u6\r\n")  # then silence
 
-    threading.Thread(target=stall, daemon=True).start()
+    listener = loopback(stall)
     port = listener.getsockname()[1]
     outcome: list = []
 
