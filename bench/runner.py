@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import downtime
+from . import acct, downtime
 from . import hosts as H
 from . import stats
 from . import tools, trace
@@ -153,6 +153,9 @@ class Bench:
                 if scenario == "switch" and tool.name == "gpu-serving" else []
             for p in probers:
                 p.__enter__()
+            accounting = acct.Accounting() if self.args.account else None
+            if accounting:
+                accounting.__enter__()
             t0, cpu0 = time.monotonic(), machine_cpu()
             failed = None
             try:
@@ -160,6 +163,8 @@ class Bench:
             except ToolFailed as exc:
                 failed = exc
             seconds, cpu = time.monotonic() - t0, machine_cpu() - cpu0
+            if accounting:
+                accounting.__exit__(None, None, None)
             returned = time.time()
             for p in probers:
                 p.__exit__()
@@ -179,6 +184,8 @@ class Bench:
                 raise failed
             break
         sample = {"seconds": round(seconds, 4), "connections": conns, "sessions": sessions, "cpu": round(cpu, 2)}
+        if accounting:
+            sample["accounted"] = {c: {"count": v["count"], "cpu": round(v["cpu"], 3)} for c, v in accounting.table.items()}
         if probers:
             units = [self.plans[FROM]["unit_name"], self.plans[TO]["unit_name"]]
             per_host = [downtime.compute(p.results, downtime.journal_events(h.journal, wall - 1, units), *units)
@@ -362,6 +369,8 @@ def parse_args(argv=None):
     p.add_argument("--load-seconds", type=float, default=0,
                    help="the rehearsal engine loads for this long (REHEARSAL_LOAD_SECONDS; default 0: the tool is timed); "
                         "the downtime rows (a), (b), (c) are measured on every gpu-serving switch")
+    p.add_argument("--account", action="store_true",
+                   help="process accounting during each timed run: CPU s by command in each sample ('accounted', bench/acct.py)")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. 'before optimisations')")
     args = p.parse_args(argv)
     if args.work is None:
@@ -414,7 +423,8 @@ def main(argv=None) -> int:
         "config": {"program_ref": args.program_ref, "program_paths": args.program_paths,
                    "gpu_serving_fleet": args.gpu_serving_fleet, "repeat": args.repeat, "fleet": args.fleet,
                    "tools": args.tools, "scenarios": args.scenarios,
-                   "quick": args.quick, "note": args.note, "load_seconds": args.load_seconds},
+                   "quick": args.quick, "note": args.note, "load_seconds": args.load_seconds,
+                   "account": args.account},
         "samples": bench.samples,
         "variants": bench.variants,
         "split": bench.split,

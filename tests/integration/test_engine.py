@@ -148,6 +148,23 @@ def test_strategy_stacks_preview(engine, project_copy):
     assert {n: (REPO / f"Pulumi.{n}.yaml").read_text() for n in STACKS} == before
 
 
+def test_the_sdks_own_debug_lines_are_sent_only_when_asked(engine, project_copy):
+    """The SDK's debug lines (a blocking call to the engine each, ~80 a program run) are not
+    made unless GPU_SERVING_SDK_DEBUG is set; `pulumi preview --debug` shows them then."""
+    env, _ = engine
+    counts = {}
+    for label, extra in (("quiet", {}), ("asked", {"GPU_SERVING_SDK_DEBUG": "1"})):
+        run_env = {**env, **extra}
+        stack = auto.create_or_select_stack(stack_name="tp8", work_dir=str(project_copy),
+                                            opts=workspace_opts(run_env, project_copy))
+        result = stack.preview(debug=True)
+        counts[label] = result.stdout.count("debug: beginning rpc register resource")
+        # The program ran and planned the same resources either way.
+        assert result.change_summary.get(auto.OpType.CREATE, 0) > 0, result.stdout[-2000:]
+    assert counts["quiet"] == 0, counts
+    assert counts["asked"] >= 10, counts
+
+
 DYNAMIC_PROGRAM = """\
     import pulumi
     import pulumi.dynamic as dyn
