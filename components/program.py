@@ -16,7 +16,7 @@ from .core.plan import ServingPlan, check_stack
 from .core.reads import refresh_reads
 from .core.stack_config import RawConfig, from_engine
 from .cuda import CudaToolkit
-from . import gpu_host, serving_unit
+from . import gpu_host, pulumi_sdk, serving_unit
 from .gpu_host import GpuHost, GpuHostArgs
 from .multinode import MultiNodeServing
 from .provider_start import read_ahead
@@ -130,26 +130,8 @@ def engine_config() -> RawConfig:
     return from_engine(values, {k for k in values if k in secret or runtime_config.is_config_secret(k)})
 
 
-# The Pulumi SDK sends each of its own debug lines ("beginning rpc register resource", "resource
-# registration successful: ...", ~80 a program run, two runs an `up`) to the engine as a blocking
-# gRPC call on the program's event loop, and the CLI shows them only under `--debug`: ~45 ms of
-# every no-op `pulumi up` (docs/benchmarks.md, twelfth round). GPU_SERVING_SDK_DEBUG=1 sends them.
-SDK_DEBUG_ENV = "GPU_SERVING_SDK_DEBUG"
-_SDK_DEBUG = pulumi.log.debug
-
-
-def _no_sdk_debug(*_args, **_kwargs) -> None:
-    return None
-
-
-def quiet_sdk_debug() -> None:
-    """The SDK's debug lines: sent when GPU_SERVING_SDK_DEBUG is set, else not made at all."""
-    wanted = os.environ.get(SDK_DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
-    pulumi.log.debug = _SDK_DEBUG if wanted else _no_sdk_debug
-
-
 def run() -> None:
-    quiet_sdk_debug()
+    pulumi_sdk.adjust(Path(os.getcwd()))
     gpu_host.DECLARED.clear()
     serving_unit.begin_run()
     declare()

@@ -221,6 +221,21 @@ def test_second_up_changes_nothing_on_the_host(deployment):
     assert d.sh(probe) == before
 
 
+def test_the_state_keeps_only_the_projects_own_frames_of_each_resources_stack_trace(deployment):
+    """components/pulumi_sdk.py: the stack trace the engine keeps with each resource is the
+    project's own frames (not the language host's, asyncio's, the SDK's or the warm runner's)."""
+    resources = deployment.stack("ep8").export_stack().deployment["resources"]
+    # The stack resource itself is registered by the SDK before the program's first line.
+    traces = {r["urn"].rsplit("::", 1)[-1]: [f.get("sourcePosition", "") for f in r.get("stackTrace") or []]
+              for r in resources if r["type"] != "pulumi:pulumi:Stack"}
+    assert traces["service"][0].startswith("project:///components/"), traces["service"]
+    assert any(p.startswith("project:///__main__.py") for p in traces["service"]), traces["service"]
+    foreign = {name: [p for p in frames[1:] if not p.startswith("project:///") or p.startswith(("project:///.venv/",
+                                                                                              "project:///../"))]
+               for name, frames in traces.items()}
+    assert {name: f for name, f in foreign.items() if f} == {}, foreign
+
+
 def test_refreshes_of_a_clean_stack_show_no_change(deployment):
     """`pulumi refresh` run by hand, twice: nothing on the host changed, so no resource may show
     a difference (the files' sha256 output once came back as an input and read as

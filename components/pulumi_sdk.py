@@ -1,0 +1,54 @@
+"""What the program changes in how the Pulumi SDK talks to the engine, and why. Both are costs of
+every run that nobody sees: measured in docs/benchmarks.md (twelfth round). `adjust` is the first
+thing each program run does (program.run); a run in a warm fork changes only its own fork.
+
+- The SDK's own debug lines ("beginning rpc register resource", "resource registration
+  successful: ...", ~80 a program run, two runs an `up`) are each a blocking gRPC call to the
+  engine on the program's event loop, and the CLI prints them only under `--debug`: they are not
+  made unless GPU_SERVING_SDK_DEBUG is set.
+- The stack trace the SDK records with every resource (the engine keeps it in the state) holds
+  the whole Python stack: the language host, asyncio, the warm-start runner, ~20 frames, about a
+  quarter of the state's bytes. The engine writes the whole state after each step of an update
+  (twice for each refresh), so its size is paid per step and grows with the fleet. Kept: the
+  frames in the project's own files (components/, __main__.py), and the first frame whatever it
+  is (the resource's source position is the first frame).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pulumi
+from pulumi.runtime import resource as sdk_resource
+
+SDK_DEBUG_ENV = "GPU_SERVING_SDK_DEBUG"
+_SDK_DEBUG = pulumi.log.debug
+# The SDK's function (pinned SDK, requirements.txt): without it, the traces stay as they are.
+_SDK_STACK_TRACE = getattr(sdk_resource, "_get_stack_trace", None)
+
+
+def _no_debug(*_args, **_kwargs) -> None:
+    return None
+
+
+def debug_wanted() -> bool:
+    return os.environ.get(SDK_DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def project_frames(trace, project: Path):
+    """`trace` (the SDK's StackTrace message) with only its first frame and those in `project`'s
+    own files (not a virtualenv's or site-packages' under it)."""
+    root = project.resolve().as_uri().rstrip("/") + "/"
+
+    def ours(uri: str) -> bool:
+        below = "/" + uri[len(root):]
+        return uri.startswith(root) and "/site-packages/" not in below and "/.venv/" not in below
+
+    kept = [f for i, f in enumerate(trace.frames) if i == 0 or ours(f.pc.uri)]
+    return trace if len(kept) == len(trace.frames) else type(trace)(frames=kept)
+
+
+def adjust(project: Path) -> None:
+    pulumi.log.debug = _SDK_DEBUG if debug_wanted() else _no_debug
+    if _SDK_STACK_TRACE is not None:
+        sdk_resource._get_stack_trace = lambda: project_frames(_SDK_STACK_TRACE(), project)

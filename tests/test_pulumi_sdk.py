@@ -1,0 +1,64 @@
+"""components/pulumi_sdk.py: what the program changes in the Pulumi SDK (the SDK's debug lines,
+the stack trace recorded with each resource), on the SDK's own objects. The engine side (a
+preview with --debug, the state of a deployed stack) is in tests/integration/test_engine.py and
+tests/e2e/test_deploy_switch_drift.py."""
+from __future__ import annotations
+
+import pulumi
+import pytest
+from pulumi.runtime import resource as sdk_resource
+from pulumi.runtime.proto import source_pb2
+
+from components import pulumi_sdk
+
+
+def trace(*paths: str):
+    return source_pb2.StackTrace(frames=[
+        source_pb2.StackFrame(pc=source_pb2.SourcePosition(uri=p, line=i + 1)) if p else source_pb2.StackFrame()
+        for i, p in enumerate(paths)])
+
+
+def uris(t) -> list[str]:
+    return [f.pc.uri for f in t.frames]
+
+
+def test_only_the_projects_own_frames_are_kept_and_the_first_whatever_it_is(tmp_path):
+    root = tmp_path.resolve().as_uri()
+    full = trace(f"{root}/components/resources.py", f"{root}/components/program.py", f"{root}/__main__.py", "",
+                 "file:///opt/pulumi/bin/pulumi-language-python-exec",
+                 f"{root}/.venv/lib/python3.11/site-packages/pulumi/runtime/stack.py",
+                 "file:///usr/lib/python3.11/asyncio/events.py")
+    assert uris(pulumi_sdk.project_frames(full, tmp_path)) == [
+        f"{root}/components/resources.py", f"{root}/components/program.py", f"{root}/__main__.py"]
+    # The first frame is the resource's source position: kept even outside the project.
+    assert uris(pulumi_sdk.project_frames(trace("file:///usr/lib/x.py", f"{root}/a.py"), tmp_path)) == [
+        "file:///usr/lib/x.py", f"{root}/a.py"]
+    # A directory that only starts like the project's is not the project.
+    assert uris(pulumi_sdk.project_frames(trace(f"{root}/a.py", f"{root}-other/b.py"), tmp_path)) == [f"{root}/a.py"]
+    # Nothing to drop: the same message.
+    same = trace(f"{root}/a.py", f"{root}/b.py")
+    assert pulumi_sdk.project_frames(same, tmp_path) is same
+
+
+@pytest.fixture
+def restore_sdk():
+    debug, stack_trace = pulumi.log.debug, sdk_resource._get_stack_trace
+    yield
+    pulumi.log.debug, sdk_resource._get_stack_trace = debug, stack_trace
+
+
+@pytest.mark.parametrize("value, made", [("", False), ("0", False), ("1", True), ("yes", True)])
+def test_the_sdks_debug_lines_are_made_only_when_asked(monkeypatch, restore_sdk, tmp_path, value, made):
+    monkeypatch.setenv(pulumi_sdk.SDK_DEBUG_ENV, value)
+    pulumi_sdk.adjust(tmp_path)
+    assert (pulumi.log.debug is pulumi_sdk._SDK_DEBUG) is made
+    # The SDK's modules look `log.debug` up when they call it: they get the same function.
+    from pulumi.runtime import rpc_manager
+    assert rpc_manager.log.debug is pulumi.log.debug
+
+
+def test_the_sdk_records_the_trimmed_trace(restore_sdk, tmp_path, monkeypatch):
+    root = tmp_path.resolve().as_uri()
+    monkeypatch.setattr(pulumi_sdk, "_SDK_STACK_TRACE", lambda: trace(f"{root}/a.py", "file:///usr/lib/b.py"))
+    pulumi_sdk.adjust(tmp_path)
+    assert uris(sdk_resource._get_stack_trace()) == [f"{root}/a.py"]
