@@ -30,9 +30,11 @@ class Deployment:
     project: Path
     host: object  # rehearsal.HostInfo
 
-    def stack(self, name: str) -> auto.Stack:
-        ws = auto.LocalWorkspaceOptions(work_dir=str(self.project), pulumi_home=self.env["PULUMI_HOME"],
-                                        env_vars=self.env, pulumi_command=pulumi_command(self.env))
+    def stack(self, name: str, extra_env: dict | None = None) -> auto.Stack:
+        """The stack, run with the deployment's environment (and `extra_env` on top)."""
+        env = {**self.env, **(extra_env or {})}
+        ws = auto.LocalWorkspaceOptions(work_dir=str(self.project), pulumi_home=env["PULUMI_HOME"],
+                                        env_vars=env, pulumi_command=pulumi_command(env))
         return auto.create_or_select_stack(stack_name=name, work_dir=str(self.project), opts=ws)
 
     def sh(self, cmd: str) -> str:

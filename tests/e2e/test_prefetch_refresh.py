@@ -144,8 +144,11 @@ def test_the_provider_process_starts_while_the_program_loads(deployment):
     d = deployment
     d.stack("tp8").up(on_output=print)
     shown: list[str] = []
-    result = d.stack("tp8").preview(refresh=True, expect_no_changes=True, log_verbosity=9, log_to_std_err=True,
-                                    log_flow=True, on_output=shown.append)
+    # The SDK's debug line "Waiting for outstanding RPCs to complete" marks the body's end: the
+    # program makes its debug lines only when asked (components/pulumi_sdk.py).
+    result = d.stack("tp8", {"GPU_SERVING_SDK_DEBUG": "1"}).preview(
+        refresh=True, expect_no_changes=True, log_verbosity=9, log_to_std_err=True, log_flow=True,
+        on_output=shown.append)
     log = result.stderr.splitlines()
     launches = [i for i, line in enumerate(log) if "Launching plugin 'pulumi-python (resource)'" in line]
     body_done = [i for i, line in enumerate(log) if "Waiting for outstanding RPCs to complete" in line]
