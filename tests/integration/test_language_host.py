@@ -376,6 +376,31 @@ def test_launcher_execs_python_and_stops_on_sigint(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("what", ["language host", "provider launcher"])
+def test_sigint_ends_it_even_when_it_was_started_with_sigint_ignored(langhost, tmp_path, what):
+    """A `pulumi` command started with SIGINT ignored (`&` in a script, nohup) passes that on to
+    the plugins the engine starts. The engine stops a plugin with SIGINT to its process group and
+    waits 5 s before SIGKILL: the language host ignored it, and every command waited those 5 s."""
+    argv = [str(langhost), "127.0.0.1:1"] if what == "language host" else [str(LAUNCHER), "127.0.0.1:1"]
+    env = dict(os.environ, PULUMI_RUNTIME_VIRTUALENV=str(VENV))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env, cwd=tmp_path, start_new_session=True, text=True,
+                            preexec_fn=_sigint_ignored)
+    try:
+        assert int(proc.stdout.readline()) > 0  # serving
+        time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # what the engine does when it closes the plugin
+        # Ended by it (the language host as Go's default would: 130; the provider cleanly: 0),
+        # not still there when the engine's 5 s are over.
+        assert proc.wait(timeout=4) in (0, 130)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_launcher_missing_virtualenv_message(tmp_path):
     env = dict(os.environ, PULUMI_RUNTIME_VIRTUALENV="no-venv-here")
     proc = subprocess.run([str(LAUNCHER), "127.0.0.1:1"], capture_output=True, text=True, env=env, cwd=tmp_path,

@@ -35,6 +35,15 @@ def _gs_pyrun(argv):
     import os
     import sys
 
+    import _signal
+
+    # A process started with SIGINT ignored (a `pulumi` command run with `&` from a script, or
+    # under nohup) keeps it ignored, and Python then sets no KeyboardInterrupt up for it: the
+    # engine's stop of a plugin (SIGINT to its process group, SIGKILL 5 s later) waited the whole
+    # 5 s. As Python does when started normally (_signal: built in, nothing to import):
+    if _signal.getsignal(_signal.SIGINT) == _signal.SIG_IGN:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
     exit_status, finish, _gs_widen_pools, serve_invokes = _gs_exit_status, _gs_finish, _gs_widen, _gs_invokes
     exit_with_parent, defer, deferred = _gs_exit_with_parent, _gs_defer, DEFERRED
     warm_relay, warm_serve = _gs_warm()

@@ -59,6 +59,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -136,6 +137,7 @@ func main() {
 	pulumirpc.RegisterLanguageRuntimeServer(srv, h)
 
 	go exitWithEngine(os.Getppid(), engineWatchInterval)
+	exitOnInterrupt()
 
 	// The engine reads the port from our first line of output.
 	fmt.Printf("%d\n", lis.Addr().(*net.TCPAddr).Port)
@@ -581,4 +583,18 @@ var _ io.Writer = streamWriter{}
 func fileExists(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.Mode().IsRegular()
+}
+
+// exitOnInterrupt: the engine stops a plugin with SIGINT to its process group, and with SIGKILL
+// 5 s later if it is still there. Go keeps SIGINT ignored in a process started with it ignored (a
+// `pulumi` command run with `&` from a script, or under nohup), and every stop of this host then
+// waited the whole 5 s (once per command, before the program ran). SIGINT ends it here whatever it
+// was started with, as it does by default (exit status 130, the shell's for SIGINT).
+func exitOnInterrupt() {
+	interrupts := make(chan os.Signal, 1)
+	signal.Notify(interrupts, os.Interrupt)
+	go func() {
+		<-interrupts
+		os.Exit(130)
+	}()
 }
