@@ -5,7 +5,9 @@ record to the accounting of its own namespace and of every one above it). What l
 sshd's listener, journald, the warm process, a server still serving) has no record: the run's
 machine CPU less the records' sum is that part.
 
-`bench/run --account` turns it on; each sample then carries its `accounted` table.
+`bench/run --account` turns it on; each sample then carries its `accounted` table. The kernel
+has one accounting file per PID namespace: two runs with it on at once would take it from each
+other.
 """
 from __future__ import annotations
 
@@ -57,7 +59,11 @@ class Accounting:
         fd, name = tempfile.mkstemp(prefix="gs-acct-")
         os.close(fd)
         self.path = Path(name)
-        self._acct(str(self.path).encode())
+        try:
+            self._acct(str(self.path).encode())
+        except OSError:
+            self.path.unlink(missing_ok=True)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

@@ -156,15 +156,18 @@ class Bench:
             accounting = acct.Accounting() if self.args.account else None
             if accounting:
                 accounting.__enter__()
-            t0, cpu0 = time.monotonic(), machine_cpu()
-            failed = None
             try:
-                result = getattr(tool, what)(stack, hosts)
-            except ToolFailed as exc:
-                failed = exc
-            seconds, cpu = time.monotonic() - t0, machine_cpu() - cpu0
-            if accounting:
-                accounting.__exit__(None, None, None)
+                t0, cpu0 = time.monotonic(), machine_cpu()
+                failed = None
+                try:
+                    result = getattr(tool, what)(stack, hosts)
+                except ToolFailed as exc:
+                    failed = exc
+                seconds, cpu = time.monotonic() - t0, machine_cpu() - cpu0
+            finally:
+                # Accounting is the whole machine's: never left on past the run, whatever ended it.
+                if accounting:
+                    accounting.__exit__(None, None, None)
             returned = time.time()
             for p in probers:
                 p.__exit__()
