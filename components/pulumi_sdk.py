@@ -35,14 +35,21 @@ def debug_wanted() -> bool:
     return os.environ.get(SDK_DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def project_frames(trace, project: Path):
-    """`trace` (the SDK's StackTrace message) with only its first frame and those in `project`'s
-    own files (not a virtualenv's or site-packages' under it)."""
-    root = project.resolve().as_uri().rstrip("/") + "/"
+def project_roots(project: Path) -> tuple[str, ...]:
+    """The file-URI prefixes of `project`'s files as the SDK writes them: as given and with its
+    symbolic links resolved (a frame's file name is the path it was imported by)."""
+    return tuple(sorted({p.absolute().as_uri().rstrip("/") + "/" for p in (project, project.resolve())}))
 
+
+def project_frames(trace, roots: tuple[str, ...]):
+    """`trace` (the SDK's StackTrace message) with only its first frame and those in the project's
+    own files (under one of `roots`, not in a virtualenv's or site-packages under it)."""
     def ours(uri: str) -> bool:
-        below = "/" + uri[len(root):]
-        return uri.startswith(root) and "/site-packages/" not in below and "/.venv/" not in below
+        for root in roots:
+            if uri.startswith(root):
+                below = "/" + uri[len(root):]
+                return "/site-packages/" not in below and "/.venv/" not in below
+        return False
 
     kept = [f for i, f in enumerate(trace.frames) if i == 0 or ours(f.pc.uri)]
     return trace if len(kept) == len(trace.frames) else type(trace)(frames=kept)
@@ -51,4 +58,5 @@ def project_frames(trace, project: Path):
 def adjust(project: Path) -> None:
     pulumi.log.debug = _SDK_DEBUG if debug_wanted() else _no_debug
     if _SDK_STACK_TRACE is not None:
-        sdk_resource._get_stack_trace = lambda: project_frames(_SDK_STACK_TRACE(), project)
+        roots = project_roots(project)
+        sdk_resource._get_stack_trace = lambda: project_frames(_SDK_STACK_TRACE(), roots)

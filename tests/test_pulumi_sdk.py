@@ -24,20 +24,21 @@ def uris(t) -> list[str]:
 
 def test_only_the_projects_own_frames_are_kept_and_the_first_whatever_it_is(tmp_path):
     root = tmp_path.resolve().as_uri()
+    roots = pulumi_sdk.project_roots(tmp_path)
     full = trace(f"{root}/components/resources.py", f"{root}/components/program.py", f"{root}/__main__.py", "",
                  "file:///opt/pulumi/bin/pulumi-language-python-exec",
                  f"{root}/.venv/lib/python3.11/site-packages/pulumi/runtime/stack.py",
                  "file:///usr/lib/python3.11/asyncio/events.py")
-    assert uris(pulumi_sdk.project_frames(full, tmp_path)) == [
+    assert uris(pulumi_sdk.project_frames(full, roots)) == [
         f"{root}/components/resources.py", f"{root}/components/program.py", f"{root}/__main__.py"]
     # The first frame is the resource's source position: kept even outside the project.
-    assert uris(pulumi_sdk.project_frames(trace("file:///usr/lib/x.py", f"{root}/a.py"), tmp_path)) == [
+    assert uris(pulumi_sdk.project_frames(trace("file:///usr/lib/x.py", f"{root}/a.py"), roots)) == [
         "file:///usr/lib/x.py", f"{root}/a.py"]
     # A directory that only starts like the project's is not the project.
-    assert uris(pulumi_sdk.project_frames(trace(f"{root}/a.py", f"{root}-other/b.py"), tmp_path)) == [f"{root}/a.py"]
+    assert uris(pulumi_sdk.project_frames(trace(f"{root}/a.py", f"{root}-other/b.py"), roots)) == [f"{root}/a.py"]
     # Nothing to drop: the same message.
     same = trace(f"{root}/a.py", f"{root}/b.py")
-    assert pulumi_sdk.project_frames(same, tmp_path) is same
+    assert pulumi_sdk.project_frames(same, roots) is same
 
 
 @pytest.fixture
@@ -55,6 +56,16 @@ def test_the_sdks_debug_lines_are_made_only_when_asked(monkeypatch, restore_sdk,
     # The SDK's modules look `log.debug` up when they call it: they get the same function.
     from pulumi.runtime import rpc_manager
     assert rpc_manager.log.debug is pulumi.log.debug
+
+
+def test_a_project_reached_through_a_symbolic_link_keeps_its_frames_either_way(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    roots = pulumi_sdk.project_roots(tmp_path / "link")
+    given, resolved = (tmp_path / "link").absolute().as_uri(), real.resolve().as_uri()
+    t = trace("file:///usr/lib/x.py", f"{given}/a.py", f"{resolved}/b.py", "file:///usr/lib/y.py")
+    assert uris(pulumi_sdk.project_frames(t, roots)) == ["file:///usr/lib/x.py", f"{given}/a.py", f"{resolved}/b.py"]
 
 
 def test_the_sdk_records_the_trimmed_trace(restore_sdk, tmp_path, monkeypatch):
