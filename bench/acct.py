@@ -5,6 +5,9 @@ record to the accounting of its own namespace and of every one above it). What l
 sshd's listener, journald, the warm process, a server still serving) has no record: the run's
 machine CPU less the records' sum is that part.
 
+A record's command is the name the process had when it ended: our Python processes can show under
+a name a gRPC thread gave them (`event_engine`, `lifeguard`, `grpc_global_tim`).
+
 `bench/run --account` turns it on; each sample then carries its `accounted` table. The kernel
 has one accounting file per PID namespace: two runs with it on at once would take it from each
 other.

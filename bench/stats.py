@@ -218,6 +218,12 @@ def report(results: dict) -> str:
         out.append(f"### fleet switch with router: tp8 -> ep8 on {router['hosts']} hosts, {router['clients']} clients "
                    "sending requests through the router during the `pulumi up`\n")
         out.append(router_table(router))
+    accounted = accounted_table(results.get("samples") or {})
+    if accounted:
+        out.append("### where the CPU goes: process accounting during the timed runs (`--account`, bench/acct.py), "
+                   "medians\n")
+        out.append(accounted)
+        out.append("")
     switch = summaries.get("fleet", {}).get("switch") or (
         {"1": summaries["single"]["switch"]} if "switch" in summaries.get("single", {}) else {})
     downtime = downtime_table({int(n): v for n, v in switch.items()})
@@ -227,6 +233,28 @@ def report(results: dict) -> str:
         out.append(downtime)
         out.append("")
     return "\n".join(out)
+
+
+def accounted_table(samples: dict, top: int = 6) -> str:
+    """With `bench/run --account`: one row per scenario, fleet size and tool, the medians over its
+    runs of the machine's CPU, of what ended processes were accounted, and of the `top` commands'
+    CPU seconds (bench/acct.py)."""
+    groups = [(f"{sc} N=1", by_tool) for sc, by_tool in (samples.get("single") or {}).items()]
+    groups += [(f"{sc} N={n}", by_tool) for sc, by_n in (samples.get("fleet") or {}).items()
+               for n, by_tool in sorted(by_n.items(), key=lambda kv: int(kv[0])) if int(n) > 1]
+    rows = []
+    for label, by_tool in groups:
+        for tool in _order(by_tool):
+            runs = [s for s in by_tool[tool] if "accounted" in s]
+            if not runs:
+                continue
+            commands = {c for s in runs for c in s["accounted"]}
+            per = {c: statistics.median(s["accounted"].get(c, {}).get("cpu", 0.0) for s in runs) for c in commands}
+            best = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+            rows.append([f"{label} {tool}", str(len(runs)), _f(statistics.median(s["cpu"] for s in runs)),
+                         _f(statistics.median(sum(v["cpu"] for v in s["accounted"].values()) for s in runs)),
+                         ", ".join(f"{c} {v:.2f}" for c, v in best)])
+    return table(["run", "runs", "machine CPU s", "accounted CPU s", f"top {top} commands, CPU s"], rows) if rows else ""
 
 
 def downtime_table(by_hosts: dict[int, dict[str, Optional[dict]]]) -> str:

@@ -222,3 +222,22 @@ def test_the_report_prints_the_downtime_rows():
     text = stats.report(results)
     assert "switch downtime, from the host side (engine loads 20 s)" in text
     assert "| 1     | 2    | 5.50     | 0.20" in text and "| 1.50 " in text and "| 3 " in text
+
+
+def test_the_accounting_table_has_medians_per_command_over_the_runs():
+    def run(cpu, **by_command):
+        return {**sample(2.0), "cpu": cpu, "accounted": {c: {"count": 1, "cpu": v} for c, v in by_command.items()}}
+
+    samples = {"single": {"switch": {"gpu-serving": [run(1.0, pulumi=0.4, python=0.2), run(1.2, pulumi=0.6),
+                                                     run(1.1, pulumi=0.5, python=0.3)],
+                                     "pyinfra": [sample(1.0)]}},  # no accounting: no row
+               "fleet": {"switch": {"1": {}, "4": {"gpu-serving": [run(4.0, pulumi=1.2, python3=0.4)]}}}}
+    text = stats.accounted_table(samples, top=2)
+    rows = [line for line in text.splitlines() if line.startswith("| switch")]
+    # python: 0.2, none (0.0), 0.3 -> 0.2; accounted: 0.6, 0.6, 0.8 -> 0.6
+    assert [c.strip() for c in rows[0].split("|")[1:-1]] == [
+        "switch N=1 gpu-serving", "3", "1.10", "0.60", "pulumi 0.50, python 0.20"], rows
+    assert "switch N=4 gpu-serving" in rows[1] and "pulumi 1.20, python3 0.40" in rows[1]
+    assert len(rows) == 2
+    assert stats.accounted_table({"single": {"noop": {"pyinfra": [sample(1.0)]}}}) == ""
+
