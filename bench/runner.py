@@ -19,6 +19,7 @@ SSH connections and sessions are counted from each host's sshd log.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -153,10 +154,8 @@ class Bench:
                 if scenario == "switch" and tool.name == "gpu-serving" else []
             for p in probers:
                 p.__enter__()
-            accounting = acct.Accounting() if self.args.account else None
-            if accounting:
-                accounting.__enter__()
-            try:
+            # Accounting is the whole machine's: never left on past the run, whatever ends it.
+            with acct.Accounting() if self.args.account else contextlib.nullcontext() as accounting:
                 t0, cpu0 = time.monotonic(), machine_cpu()
                 failed = None
                 try:
@@ -164,10 +163,6 @@ class Bench:
                 except ToolFailed as exc:
                     failed = exc
                 seconds, cpu = time.monotonic() - t0, machine_cpu() - cpu0
-            finally:
-                # Accounting is the whole machine's: never left on past the run, whatever ended it.
-                if accounting:
-                    accounting.__exit__(None, None, None)
             returned = time.time()
             for p in probers:
                 p.__exit__()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import statistics
 from typing import Iterable, Optional
 
+from . import acct
+
 TOOLS = ("gpu-serving", "empty-pulumi", "ansible", "pyinfra", "raw-ssh")
 # Measured only when named (`--tools ...,gpu-serving-cold`): gpu-serving with warm start off.
 OPTIONAL_TOOLS = ("gpu-serving-cold",)
@@ -249,11 +251,11 @@ def accounted_table(samples: dict, top: int = 6) -> str:
             if not runs:
                 continue
             commands = {c for s in runs for c in s["accounted"]}
-            per = {c: statistics.median(s["accounted"].get(c, {}).get("cpu", 0.0) for s in runs) for c in commands}
-            best = sorted(per.items(), key=lambda kv: -kv[1])[:top]
+            medians = {c: {k: statistics.median(s["accounted"].get(c, {}).get(k, 0) for s in runs)
+                           for k in ("count", "cpu")} for c in commands}
             rows.append([f"{label} {tool}", str(len(runs)), _f(statistics.median(s["cpu"] for s in runs)),
                          _f(statistics.median(sum(v["cpu"] for v in s["accounted"].values()) for s in runs)),
-                         ", ".join(f"{c} {v:.2f}" for c, v in best)])
+                         ", ".join(f"{c} {cpu:.2f}" for c, _count, cpu in acct.top(medians, top))])
     return table(["run", "runs", "machine CPU s", "accounted CPU s", f"top {top} commands, CPU s"], rows) if rows else ""
 
 
