@@ -248,7 +248,9 @@ def test_fault_die_after_requests(launch, engine_env):
     engine = launch("--tp-size", "8", env=engine_env(REHEARSAL_FAULT="die_after_requests:2"))
     engine.wait_ready()
     assert engine.get("/health_generate")[0] == 200  # health checks do not count
-    assert engine.post("/generate", {"text": "one"})[0] == 200
+    # Two tokens: a default 128-token answer is paced by the performance model at ~5 s, the
+    # helper's whole timeout.
+    assert engine.post("/generate", {"text": "one", "sampling_params": {"max_new_tokens": 2}})[0] == 200
     assert engine.post("/v1/completions", {"prompt": "two", "max_tokens": 2})[0] == 200
     assert engine.wait_exit() == 1
     assert not port_open(engine.port)
