@@ -35,7 +35,8 @@ from . import hosts as H
 from . import stats
 from . import tools, trace
 from .router import RouterScenario
-from .tools import Ansible, EmptyPulumi, GpuServing, GpuServingCold, Pyinfra, RawSsh, Tool, ToolFailed
+from .tools import (Ansible, EmptyPulumi, GpuServing, GpuServingCold, GpuServingNoCheckpoints, Pyinfra, RawSsh, Tool,
+                    ToolFailed)
 from .workspace import BENCH, PROGRAM, REPO, cache_root, ensure_bench_venv, log, make_empty_project, make_project
 
 RESULTS = BENCH / "results"
@@ -100,6 +101,7 @@ class Bench:
         self.empty = make_empty_project(self.work) if "empty-pulumi" in self.args.tools else None
         all_tools: list[Tool] = [GpuServing(self.projects, fleets=self.fleets),
                                  GpuServingCold(self.projects, fleets=self.fleets),
+                                 GpuServingNoCheckpoints(self.projects, fleets=self.fleets),
                                  *([EmptyPulumi(self.empty)] if self.empty else []), Ansible(venv, self.work, self.plans),
                                  Pyinfra(venv, self.work, self.plans), RawSsh(self.work, self.plans)]
         self.tools = [t for t in all_tools if t.name in self.args.tools]
@@ -345,7 +347,8 @@ def parse_args(argv=None):
     p.add_argument("--fleet", type=lambda s: sorted({int(x) for x in s.split(",")} | {1}),
                    help="host counts for fleet scaling (default 1,2,4; --quick 1,2)")
     p.add_argument("--tools", type=lambda s: s.split(","), default=list(stats.TOOLS),
-                   help=f"comma-separated subset of {','.join(stats.TOOLS)}, and {','.join(stats.OPTIONAL_TOOLS)} (warm start off)")
+                   help=f"comma-separated subset of {','.join(stats.TOOLS)}, and {','.join(stats.OPTIONAL_TOOLS)} "
+                        "(warm start off; the state written once at the end, a measurement of its writes)")
     p.add_argument("--scenarios", type=lambda s: s.split(","), default=list(stats.SCENARIOS),
                    help=f"comma-separated subset of {','.join(stats.SCENARIOS)}")
     p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")

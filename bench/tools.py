@@ -138,6 +138,25 @@ class GpuServingCold(GpuServing):
                          {k: cold(p) for k, p in (fleets or {}).items()})
 
 
+class GpuServingNoCheckpoints(GpuServing):
+    """A measurement, not a way to run: gpu-serving with PULUMI_SKIP_CHECKPOINTS=true, so the
+    engine writes the state once at the end instead of after every step (the file backend
+    writes the whole state each time: with `refresh: always` under PULUMI_RUN_PROGRAM every
+    resource's refresh writes it in the update, and each update step twice). The difference to
+    `gpu-serving` in the same run is what the state's writes cost. A run killed half way would
+    leave the state as it was before the run, which is why gpu-serving never sets it."""
+
+    name = "gpu-serving-no-checkpoints"
+
+    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = (),
+                 fleets: dict[tuple[str, ...], Project] | None = None):
+        def once(p: Project) -> Project:
+            return dataclasses.replace(p, env={**p.env, "PULUMI_SKIP_CHECKPOINTS": "true"})
+
+        super().__init__({k: once(p) for k, p in projects.items()}, up_args,
+                         {k: once(p) for k, p in (fleets or {}).items()})
+
+
 def traced(project: Project, args: list[str]) -> tuple[float, float, str]:
     """(start, end, the engine's log) of `pulumi ARGS -v=9 --logtostderr --logflow`: the log
     bench/trace.py splits into phases. Not a timed run (the log costs time itself)."""

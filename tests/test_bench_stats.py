@@ -152,6 +152,22 @@ def test_cli_defaults_and_quick_mode():
         parse_args(["--tools", "chef"])
 
 
+def test_the_no_checkpoints_row_is_gpu_serving_with_the_state_written_once():
+    from bench.tools import GpuServing, GpuServingNoCheckpoints
+    from bench.workspace import Project
+    assert parse_args(["--tools", "gpu-serving,gpu-serving-no-checkpoints"]).tools[1] == "gpu-serving-no-checkpoints"
+    assert "gpu-serving-no-checkpoints" not in parse_args([]).tools  # a measurement: only when named
+    one = {"h0": Project("h0", Path("/p/h0"), {"PULUMI_BACKEND_URL": "file:///s"})}
+    fleet = {("h0", "h1"): Project("", Path("/p/fleet"), {"PULUMI_BACKEND_URL": "file:///f"})}
+    tool = GpuServingNoCheckpoints(one, fleets=fleet)
+    assert tool.projects["h0"].env == {"PULUMI_BACKEND_URL": "file:///s", "PULUMI_SKIP_CHECKPOINTS": "true"}
+    assert tool.fleets[("h0", "h1")].env["PULUMI_SKIP_CHECKPOINTS"] == "true"
+    assert "PULUMI_SKIP_CHECKPOINTS" not in one["h0"].env  # the shared projects are not changed
+    assert tool.args("converge", "ep8") == GpuServing(one).args("converge", "ep8")  # the same command
+    assert stats._order(["pyinfra", "gpu-serving-no-checkpoints", "gpu-serving"])[:2] == [
+        "gpu-serving", "gpu-serving-no-checkpoints"]
+
+
 ROUTER_SAMPLES = json.loads((Path(__file__).parent / "data" / "bench" / "router-samples.json").read_text())
 
 
