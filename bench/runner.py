@@ -66,6 +66,7 @@ class Bench:
         self.samples: dict = {"single": {}, "fleet": {}}
         self.variants: dict = {}
         self.split: dict = {}
+        self.split_switch: dict = {}
         self.flakes: list[str] = []
         self.first_deploy = None
         # Only the router scenario: none of the per-tool setup (peers, first deploys, warm-ups).
@@ -243,6 +244,8 @@ class Bench:
                 if n > 1:
                     by_n[n] = self.run_scenario(scenario, self.hosts[:n], self.tools)
             self.samples["fleet"][scenario] = by_n
+        if self.args.split and "switch" in self.args.scenarios:
+            self.run_split_switch()
         if stats.ROUTER in self.args.scenarios:
             self.router = RouterScenario(self.work, self.hosts[:max(self.args.fleet)], self.args.repeat, log)
             self.router.setup()
@@ -274,6 +277,43 @@ class Bench:
                     log(f"split  {scenario:6} {name:12} run {rep + 1}/{self.args.split}: " +
                         ", ".join(f"{k} {v:.2f}" for k, v in s.items() if isinstance(v, float)))
             self.verify(TO, hosts, "the traced runs")
+
+    def run_split_switch(self) -> None:
+        """Traced switches (`-v=9`, not timed runs) of gpu-serving, on each fleet size: where a
+        switch's time goes as the hosts grow (bench/trace.py: switch_phases). Each from tp8
+        serving on every host, as a timed switch."""
+        gs = next((t for t in self.tools if t.name == "gpu-serving"), None)
+        if gs is None:
+            return
+        for n in self.args.fleet:
+            group = self.hosts[:n]
+            # One engine run for the fleet: a fleet project (none with --gpu-serving-fleet stacks).
+            project = gs.projects[group[0].name] if n == 1 else gs.fleets.get(tuple(h.name for h in group))
+            if project is None:
+                continue
+            self.split_switch[n] = []
+            for rep in range(self.args.split):
+                self.split_switch[n].append(self._traced_switch(gs, project, group))
+                s = self.split_switch[n][-1]
+                log(f"split  switch N={n} run {rep + 1}/{self.args.split}: " +
+                    ", ".join(f"{k} {s[k]:.2f}" for k in ("total", *trace.SWITCH_PHASES, "cli")))
+            self.verify(TO, group, "the traced switches")
+
+    def _traced_switch(self, gs: GpuServing, project, group: list[H.Host]) -> dict:
+        units = [p["unit_name"] for p in self.plans.values()]
+        for attempt in range(3):
+            self.reset(group)
+            wall = time.time()
+            try:
+                started, ended, text = tools.traced(project, gs.args("converge", TO))
+            except ToolFailed:
+                # As a timed run: a unit lost to the rehearsal hosts' cgroup race is run again.
+                if attempt < 2 and any(H.parallel(group, lambda h: H.cgroup_flake(h, units, wall))):
+                    self.flakes.append(f"traced switch N={len(group)}")
+                    continue
+                raise
+            return trace.switch_phases(text.splitlines(), started, ended)
+        raise AssertionError("unreachable")
 
     def teardown(self) -> None:
         if self.args.keep_hosts:
@@ -339,7 +379,6 @@ def _host_prefix(text: str) -> str:
         raise argparse.ArgumentTypeError(f"--host-prefix {text!r}: 1-10 characters of a-z, 0-9, '-', starting with a letter (e.g. bench)")
     return text
 
-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 runs each, fleet of 1 and 2 hosts (a few minutes)")
@@ -353,8 +392,8 @@ def parse_args(argv=None):
                    help=f"comma-separated subset of {','.join(stats.SCENARIOS)}")
     p.add_argument("--no-variants", action="store_true", help="skip the gpu-serving --skip-preview rows")
     p.add_argument("--split", type=int, default=None,
-                   help="traced runs (-v=9) of gpu-serving's and the empty program's no-op and drift check, split into "
-                        "phases (default 3, --quick 2; 0: none)")
+                   help="traced runs (-v=9) of gpu-serving's and the empty program's no-op and drift check, and of "
+                        "gpu-serving's switch on each fleet size, split into phases (default 3, --quick 2; 0: none)")
     p.add_argument("--reuse-hosts", action="store_true", help="keep what bench0.. have (default: fresh hosts)")
     p.add_argument("--keep-hosts", action="store_true", help="leave the rehearsal hosts (bench0..) running")
     p.add_argument("--host-prefix", default="bench", type=_host_prefix,
@@ -429,6 +468,7 @@ def main(argv=None) -> int:
         "samples": bench.samples,
         "variants": bench.variants,
         "split": bench.split,
+        "split_switch": {str(n): v for n, v in bench.split_switch.items()},
         "flakes": bench.flakes,
         "first_deploy_seconds": bench.first_deploy,
     }

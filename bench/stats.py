@@ -209,6 +209,10 @@ def report(results: dict) -> str:
         out.append("### where the time goes: medians of traced runs (`-v=9` engine log, bench/trace.py), seconds\n")
         out.append(split_table(results["split"]))
         out.append("")
+    if results.get("split_switch"):
+        out.append("### where a switch's time goes: medians of gpu-serving's traced switches (`-v=9`, bench/trace.py), seconds\n")
+        out.append(split_switch_table(results["split_switch"]))
+        out.append("")
     for scenario in FLEET_SCENARIOS:
         fleet = summaries.get("fleet", {}).get(scenario)
         if fleet:
@@ -299,6 +303,18 @@ def split_table(split: dict) -> str:
             rows.append([f"{tool} {SPLIT_COMMANDS.get(scenario, scenario)}", _f(m["total"]), _num(m["program_runs"]), str(m["n"]),
                          *(_f(m[p]) for p in phases)])
     return table(["command", "total s", "program runs", "traced runs", *(PHASE_TITLES[p] for p in phases)], rows)
+
+
+def split_switch_table(by_hosts: dict) -> str:
+    """{hosts: [trace.switch_phases() dicts]} -> one row per fleet size, the parts' medians."""
+    from .trace import SWITCH_PHASE_TITLES, SWITCH_PHASES
+    parts = [*SWITCH_PHASES, "cli"]
+    rows = []
+    for n in sorted(by_hosts, key=int):
+        m = summarize_split(by_hosts[n])
+        if m:
+            rows.append([str(n), str(m["n"]), _f(m["total"]), *(_f(m[p]) for p in parts)])
+    return table(["hosts", "traced runs", "total s", *(SWITCH_PHASE_TITLES[p] for p in parts)], rows)
 
 
 def summarize_results(samples: dict) -> dict:

@@ -40,6 +40,20 @@ PHASE_TITLES = {
 }
 
 _READ = re.compile(r"^Provider\[[^\]]+\]\.Read\(")
+# The switch itself: the service resource's create or update (its type in the URN).
+_SERVICE_STEP = re.compile(r"^Provider\[[^\]]+\]\.(Update|Create)\([^)]*:SystemdService::")
+
+# A traced switch (`switch_phases`), one `pulumi up` that starts the declared strategy on every
+# host: its parts in the order they happen.
+SWITCH_PHASES = ("preview", "to_first_read", "to_service", "service", "rest")
+SWITCH_PHASE_TITLES = {
+    "preview": "the preview",
+    "to_first_read": "... of which the program's start to its first host read",
+    "to_service": "the update, to the first service step",
+    "service": "the service steps (first start to last end)",
+    "rest": "the update after them",
+    "cli": "the CLI before and after",
+}
 
 
 def _time(text: str) -> float:
@@ -121,4 +135,45 @@ def split(lines: Iterable[str], started: float, ended: float) -> dict:
     for phase in PHASES:
         out[phase] = sum(r[phase] for r in runs)
     out["engine"] = out["total"] - sum(out[p] for p in PHASES)
+    return out
+
+
+def switch_phases(lines: Iterable[str], started: float, ended: float) -> dict:
+    """The parts of one traced `pulumi up` that switches (bench/runner.py: gpu-serving's switch,
+    traced), in seconds: the preview (and in it the program's start to its first host read), the
+    update to its first service step, the service steps of every host (the first one's start to
+    the last one's end: stop, start, the server's start, the settle, the report), the update after
+    them, and the CLI's own time before and after. `hosts`: how many service steps there were.
+    Raises ValueError for a log with no service step (nothing was switched)."""
+    marks: dict[str, float] = {}
+    services: set[str] = set()
+    preview: Optional[bool] = None
+    for t, msg in events(lines):
+        if msg.startswith("*** Starting Update("):
+            preview = "preview=true" in msg
+            marks.setdefault("preview_start" if preview else "update_start", t)
+        elif msg.startswith("*** Update(") and msg.endswith("complete ***"):
+            marks.setdefault("preview_end" if preview else "update_end", t)
+        elif preview is True and msg.startswith("langhost[python].Run(") and msg.endswith("executing"):
+            marks.setdefault("program_start", t)
+        elif preview is True and _READ.match(msg) and " executing" in msg:
+            marks.setdefault("first_read", t)
+        elif preview is False and _SERVICE_STEP.match(msg):
+            if " executing" in msg:
+                marks.setdefault("service_start", t)
+                services.add(msg.split("::")[-1].split(")")[0])
+            elif " success" in msg or " failed" in msg:
+                marks["service_end"] = t
+    need = ("preview_start", "preview_end", "update_start", "update_end", "service_start", "service_end")
+    if any(k not in marks for k in need):
+        raise ValueError("not a traced switch: no service step in the update "
+                         f"(found {', '.join(sorted(marks)) or 'nothing'})")
+    m = marks
+    out = {"total": ended - started, "hosts": len(services),
+           "preview": m["preview_end"] - m["preview_start"],
+           "to_first_read": _span(m.get("program_start"), m.get("first_read")),
+           "to_service": m["service_start"] - m["update_start"],
+           "service": m["service_end"] - m["service_start"],
+           "rest": m["update_end"] - m["service_end"]}
+    out["cli"] = out["total"] - out["preview"] - (m["update_end"] - m["update_start"])
     return out

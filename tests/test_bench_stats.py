@@ -257,3 +257,33 @@ def test_the_accounting_table_has_medians_per_command_over_the_runs():
     assert len(rows) == 2
     assert stats.accounted_table({"single": {"noop": {"pyinfra": [sample(1.0)]}}}) == ""
 
+
+
+def test_traced_switches_run_on_each_fleet_size_that_has_one_stack(monkeypatch):
+    """bench/runner.py's traced switches, with the engine's run replaced by a recorded log: one
+    list of split switches per fleet size that has one stack for its hosts, each from a reset."""
+    from types import SimpleNamespace
+
+    from bench import runner, trace
+    from bench.tools import GpuServing
+    from bench.workspace import Project
+    log_text = (Path(__file__).parent / "data" / "bench" / "trace-up-switch-4-hosts.log").read_text()
+    start = trace.events(log_text.splitlines())[0][0]
+    hosts = [SimpleNamespace(name=f"h{i}") for i in range(4)]
+    single = {h.name: Project(h.name, Path(f"/p/{h.name}"), {}) for h in hosts}
+    four = Project("", Path("/p/fleet4"), {})
+    bench = runner.Bench.__new__(runner.Bench)
+    bench.args = SimpleNamespace(split=2, fleet=[1, 2, 4])
+    bench.hosts, bench.plans, bench.flakes, bench.split_switch = hosts, {}, [], {}
+    bench.tools = [GpuServing(single, fleets={tuple(h.name for h in hosts): four})]  # no stack for 2 hosts
+    calls, resets = [], []
+    monkeypatch.setattr(bench, "reset", lambda group: resets.append(len(group)), raising=False)
+    monkeypatch.setattr(bench, "verify", lambda *a: None, raising=False)
+    monkeypatch.setattr(runner.tools, "traced", lambda project, args: (calls.append((project.dir.name, args)) or
+                                                                       (start - 0.1, start + 4.0, log_text)))
+    bench.run_split_switch()
+    assert sorted(bench.split_switch) == [1, 4] and all(len(v) == 2 for v in bench.split_switch.values())
+    assert resets == [1, 1, 4, 4]  # tp8 serving again before each traced switch
+    assert [c[0] for c in calls] == ["h0", "h0", "fleet4", "fleet4"]
+    assert calls[0][1] == ["up", "--stack", "ep8", "--yes"]
+    assert bench.split_switch[4][0]["hosts"] == 4 and bench.split_switch[4][0]["service"] > 1.9

@@ -71,3 +71,51 @@ def test_split_table_rows_per_command_and_tool():
     assert lines[0].startswith("| command") and "provider process start" in lines[0]
     assert lines[2].startswith("| gpu-serving `pulumi up --yes`") and "| 14.70 " in lines[2]
     assert lines[3].startswith("| empty-pulumi `pulumi up --yes`") and "| 1.00 " in lines[3]
+
+
+SWITCH = Path(__file__).parent / "data" / "bench" / "trace-up-switch-4-hosts.log"
+
+
+def at(clock: str) -> float:
+    return trace._time(f"2026-12-03T{clock}Z")
+
+
+def test_a_traced_switch_is_split_into_its_parts():
+    # A recorded `pulumi up --yes -v=9` switching 4 hosts tp8 -> ep8, kept to the lines these
+    # parsers read (messages cut after "executing"/"success"). Times read off it by hand: the
+    # preview 04:05:10.104515 to 04:05:11.344119, its program's Run 04:05:10.112864 and first
+    # Read 04:05:10.765734; the update 04:05:11.352864 to 04:05:14.024814; its first service
+    # step 04:05:11.947548 (the preview's own service steps, from 04:05:11.165562, are not it)
+    # and its last one's end 04:05:13.901568.
+    started, ended = at("04:05:10.000000"), at("04:05:14.100000")
+    s = trace.switch_phases(SWITCH.read_text().splitlines(), started, ended)
+    assert s["hosts"] == 4
+    assert s["preview"] == pytest.approx(at("04:05:11.344119") - at("04:05:10.104515"), abs=1e-6)
+    assert s["to_first_read"] == pytest.approx(at("04:05:10.765734") - at("04:05:10.112864"), abs=1e-6)
+    assert s["to_service"] == pytest.approx(at("04:05:11.947548") - at("04:05:11.352864"), abs=1e-6)
+    assert s["service"] == pytest.approx(at("04:05:13.901568") - at("04:05:11.947548"), abs=1e-6)
+    assert s["rest"] == pytest.approx(at("04:05:14.024814") - at("04:05:13.901568"), abs=1e-6)
+    assert s["total"] == pytest.approx(4.1)
+    update = at("04:05:14.024814") - at("04:05:11.352864")
+    assert s["cli"] == pytest.approx(4.1 - s["preview"] - update, abs=1e-6)
+
+
+def test_a_run_that_switched_nothing_is_not_a_traced_switch():
+    with pytest.raises(ValueError, match="no service step"):
+        trace.switch_phases(LOG.read_text().splitlines(), 0.0, 1.0)  # the recorded no-op
+    # Only the preview's service steps (a preview shows the switch, the update never ran it).
+    preview_only = [ln for ln in SWITCH.read_text().splitlines() if trace.events([ln])[0][0] < at("04:05:11.350000")]
+    assert any("SystemdService" in ln for ln in preview_only) and any("preview=true" in ln for ln in preview_only)
+    with pytest.raises(ValueError, match="no service step"):
+        trace.switch_phases(preview_only, 0.0, 1.0)
+
+
+def test_split_switch_table_rows_per_fleet_size():
+    one = {"total": 2.5, "hosts": 1, "preview": 0.44, "to_first_read": 0.12, "to_service": 0.2, "service": 1.6,
+           "rest": 0.07, "cli": 0.19}
+    four = {**one, "hosts": 4, "total": 4.1, "preview": 1.24, "service": 1.95}
+    text = stats.split_switch_table({"1": [one, dict(one, total=2.7)], "4": [four]})
+    lines = text.splitlines()
+    assert "the preview" in lines[0] and "the service steps" in lines[0]
+    assert lines[2].startswith("| 1 ") and "| 2.60 " in lines[2] and "| 2 " in lines[2]  # median of 2.5 and 2.7
+    assert lines[3].startswith("| 4 ") and "| 1.24 " in lines[3] and "| 1.95 " in lines[3]
