@@ -122,23 +122,30 @@ class GpuServing(Tool):
         return any(r.returncode for r in results)
 
 
-class GpuServingCold(GpuServing):
+class _GpuServingVariant(GpuServing):
+    """gpu-serving's own projects and stacks, every command run with `extra_env` added."""
+
+    extra_env: dict[str, str] = {}
+
+    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = (),
+                 fleets: dict[tuple[str, ...], Project] | None = None):
+        def vary(p: Project) -> Project:
+            return dataclasses.replace(p, env={**p.env, **self.extra_env})
+
+        super().__init__({k: vary(p) for k, p in projects.items()}, up_args,
+                         {k: vary(p) for k, p in (fleets or {}).items()})
+
+
+class GpuServingCold(_GpuServingVariant):
     """gpu-serving with GPU_SERVING_WARM_START=0: every program and provider process starts its
     own Python and imports everything (README, "Warm start"), as before the warm process. The
     same projects and stacks as `gpu-serving`: the two side by side measure what warm start saves."""
 
     name = "gpu-serving-cold"
-
-    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = (),
-                 fleets: dict[tuple[str, ...], Project] | None = None):
-        def cold(p: Project) -> Project:
-            return dataclasses.replace(p, env={**p.env, "GPU_SERVING_WARM_START": "0"})
-
-        super().__init__({k: cold(p) for k, p in projects.items()}, up_args,
-                         {k: cold(p) for k, p in (fleets or {}).items()})
+    extra_env = {"GPU_SERVING_WARM_START": "0"}
 
 
-class GpuServingNoCheckpoints(GpuServing):
+class GpuServingNoCheckpoints(_GpuServingVariant):
     """A measurement, not a way to run: gpu-serving with PULUMI_SKIP_CHECKPOINTS=true, so the
     engine writes the state once at the end instead of after every step (the file backend
     writes the whole state each time: with `refresh: always` under PULUMI_RUN_PROGRAM every
@@ -147,14 +154,7 @@ class GpuServingNoCheckpoints(GpuServing):
     leave the state as it was before the run, which is why gpu-serving never sets it."""
 
     name = "gpu-serving-no-checkpoints"
-
-    def __init__(self, projects: dict[str, Project], up_args: tuple[str, ...] = (),
-                 fleets: dict[tuple[str, ...], Project] | None = None):
-        def once(p: Project) -> Project:
-            return dataclasses.replace(p, env={**p.env, "PULUMI_SKIP_CHECKPOINTS": "true"})
-
-        super().__init__({k: once(p) for k, p in projects.items()}, up_args,
-                         {k: once(p) for k, p in (fleets or {}).items()})
+    extra_env = {"PULUMI_SKIP_CHECKPOINTS": "true"}
 
 
 def traced(project: Project, args: list[str]) -> tuple[float, float, str]:

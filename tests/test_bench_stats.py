@@ -164,6 +164,9 @@ def test_the_no_checkpoints_row_is_gpu_serving_with_the_state_written_once():
     assert tool.fleets[("h0", "h1")].env["PULUMI_SKIP_CHECKPOINTS"] == "true"
     assert "PULUMI_SKIP_CHECKPOINTS" not in one["h0"].env  # the shared projects are not changed
     assert tool.args("converge", "ep8") == GpuServing(one).args("converge", "ep8")  # the same command
+    from bench.tools import GpuServingCold
+    assert GpuServingCold(one, fleets=fleet).projects["h0"].env == {"PULUMI_BACKEND_URL": "file:///s",
+                                                                    "GPU_SERVING_WARM_START": "0"}
     assert stats._order(["pyinfra", "gpu-serving-no-checkpoints", "gpu-serving"])[:2] == [
         "gpu-serving", "gpu-serving-no-checkpoints"]
 
