@@ -379,6 +379,7 @@ def _host_prefix(text: str) -> str:
         raise argparse.ArgumentTypeError(f"--host-prefix {text!r}: 1-10 characters of a-z, 0-9, '-', starting with a letter (e.g. bench)")
     return text
 
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="bench/run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="2 runs each, fleet of 1 and 2 hosts (a few minutes)")
