@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import acct, downtime
+from . import acct, cpusplit, downtime
 from . import hosts as H
 from . import stats
 from . import tools, trace
@@ -158,7 +158,8 @@ class Bench:
             for p in probers:
                 p.__enter__()
             # Accounting is the whole machine's: never left on past the run, whatever ends it.
-            with acct.Accounting() if self.args.account else contextlib.nullcontext() as accounting:
+            with acct.Accounting() if self.args.account else contextlib.nullcontext() as accounting, \
+                    cpusplit.Recorder() if self.args.cpu_split else contextlib.nullcontext() as sampled:
                 t0, cpu0 = time.monotonic(), machine_cpu()
                 failed = None
                 try:
@@ -185,6 +186,8 @@ class Bench:
                 raise failed
             break
         sample = {"seconds": round(seconds, 4), "connections": conns, "sessions": sessions, "cpu": round(cpu, 2)}
+        if sampled:
+            sample["cpu_split"] = sampled.split(t0, t0 + seconds)
         if accounting:
             sample["accounted"] = {c: {"count": v["count"], "cpu": round(v["cpu"], 3)} for c, v in accounting.table.items()}
         if probers:
@@ -412,6 +415,9 @@ def parse_args(argv=None):
                         "the downtime rows (a), (b), (c) are measured on every gpu-serving switch")
     p.add_argument("--account", action="store_true",
                    help="process accounting during each timed run: CPU s by command in each sample ('accounted', bench/acct.py)")
+    p.add_argument("--cpu-split", action="store_true",
+                   help="perf record of the whole machine during each timed run: the CPU s of the rehearsal hosts and of "
+                        "this machine (the tool), by command, in each sample ('cpu_split', bench/cpusplit.py)")
     p.add_argument("--note", default="", help="a note stored with the results (e.g. 'before optimisations')")
     args = p.parse_args(argv)
     if args.work is None:
@@ -465,7 +471,7 @@ def main(argv=None) -> int:
                    "gpu_serving_fleet": args.gpu_serving_fleet, "repeat": args.repeat, "fleet": args.fleet,
                    "tools": args.tools, "scenarios": args.scenarios,
                    "quick": args.quick, "note": args.note, "load_seconds": args.load_seconds,
-                   "account": args.account},
+                   "account": args.account, "cpu_split": args.cpu_split},
         "samples": bench.samples,
         "variants": bench.variants,
         "split": bench.split,

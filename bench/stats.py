@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Iterable, Optional
 
-from . import acct
+from . import acct, cpusplit
 
 TOOLS = ("gpu-serving", "empty-pulumi", "ansible", "pyinfra", "raw-ssh")
 # Measured only when named (`--tools ...,gpu-serving-cold`): gpu-serving with warm start off;
@@ -231,6 +231,18 @@ def report(results: dict) -> str:
                    "medians\n")
         out.append(accounted)
         out.append("")
+    sampled = cpu_split_table(results.get("samples") or {})
+    if sampled:
+        out.append("### whose CPU: the rehearsal hosts' or this machine's (the tool's), sampled by perf during the timed "
+                   "runs (`--cpu-split`, bench/cpusplit.py), medians\n")
+        out.append(sampled)
+        out.append("")
+        per_host = cpu_split_per_host(results.get("samples") or {})
+        if per_host:
+            out.append("What each host past the first adds (CPU s; on a real fleet the hosts' part runs on each "
+                       "host's own CPUs):\n")
+            out.append(per_host)
+            out.append("")
     switch = summaries.get("fleet", {}).get("switch") or (
         {"1": summaries["single"]["switch"]} if "switch" in summaries.get("single", {}) else {})
     downtime = downtime_table({int(n): v for n, v in switch.items()})
@@ -246,11 +258,8 @@ def accounted_table(samples: dict, top: int = 6) -> str:
     """With `bench/run --account`: one row per scenario, fleet size and tool, the medians over its
     runs of the machine's CPU, of what ended processes were accounted, and of the `top` commands'
     CPU seconds (bench/acct.py)."""
-    groups = [(f"{sc} N=1", by_tool) for sc, by_tool in (samples.get("single") or {}).items()]
-    groups += [(f"{sc} N={n}", by_tool) for sc, by_n in (samples.get("fleet") or {}).items()
-               for n, by_tool in sorted(by_n.items(), key=lambda kv: int(kv[0])) if int(n) > 1]
     rows = []
-    for label, by_tool in groups:
+    for label, _sc, _n, by_tool in _groups(samples):
         for tool in _order(by_tool):
             runs = [s for s in by_tool[tool] if "accounted" in s]
             if not runs:
@@ -262,6 +271,61 @@ def accounted_table(samples: dict, top: int = 6) -> str:
                          _f(statistics.median(sum(v["cpu"] for v in s["accounted"].values()) for s in runs)),
                          ", ".join(f"{c} {cpu:.2f}" for c, _count, cpu in acct.top(medians, top))])
     return table(["run", "runs", "machine CPU s", "accounted CPU s", f"top {top} commands, CPU s"], rows) if rows else ""
+
+
+def _groups(samples: dict) -> list[tuple[str, str, int, dict]]:
+    """(label, scenario, hosts, {tool: [samples]}) for the single-host and fleet samples."""
+    out = [(f"{sc} N=1", sc, 1, by_tool) for sc, by_tool in (samples.get("single") or {}).items()]
+    out += [(f"{sc} N={n}", sc, int(n), by_tool) for sc, by_n in (samples.get("fleet") or {}).items()
+            for n, by_tool in sorted(by_n.items(), key=lambda kv: int(kv[0])) if int(n) > 1]
+    return out
+
+
+def _split_medians(runs: list[dict]) -> dict[str, float]:
+    return {side: statistics.median(s["cpu_split"][side] for s in runs) for side in cpusplit.SIDES}
+
+
+def cpu_split_table(samples: dict, top: int = 4) -> str:
+    """With `bench/run --cpu-split`: one row per scenario, fleet size and tool, the medians over its
+    runs of the wall time, of the CPU seconds sampled on the rehearsal hosts and on this machine
+    (the tool), of the cores' idle seconds, and each side's `top` commands (bench/cpusplit.py)."""
+    rows = []
+    for label, _sc, _n, by_tool in _groups(samples):
+        for tool in _order(by_tool):
+            runs = [s for s in by_tool[tool] if "cpu_split" in s]
+            if not runs:
+                continue
+            m = _split_medians(runs)
+            tops = {}
+            for side in ("machine", "hosts"):
+                names = {c for s in runs for c, _ in s["cpu_split"]["top"][side]}
+                per = {c: statistics.median(dict(s["cpu_split"]["top"][side]).get(c, 0) for s in runs) for c in names}
+                tops[side] = ", ".join(f"{c} {v:.2f}" for c, v in sorted(per.items(), key=lambda kv: -kv[1])[:top])
+            rows.append([f"{label} {tool}", str(len(runs)), _f(statistics.median(s["seconds"] for s in runs)),
+                         _f(m["machine"]), _f(m["hosts"]), _f(m["idle"]), tops["machine"], tops["hosts"]])
+    return table(["run", "runs", "wall s", "this machine (the tool) CPU s", "rehearsal hosts CPU s", "idle core s",
+                  f"the tool's top {top}", f"the hosts' top {top}"], rows) if rows else ""
+
+
+def cpu_split_per_host(samples: dict) -> str:
+    """Per scenario and tool measured on one host and on a fleet: what each host past the first
+    adds to the tool's CPU seconds and to the hosts' (cpusplit.per_host of the medians)."""
+    by: dict[tuple[str, str], dict[int, dict]] = {}
+    for _label, sc, n, by_tool in _groups(samples):
+        for tool, runs in by_tool.items():
+            runs = [s for s in runs if "cpu_split" in s]
+            if runs:
+                by.setdefault((sc, tool), {})[n] = _split_medians(runs)
+    rows = []
+    for (sc, tool), by_hosts in by.items():
+        tool_part, host_part = cpusplit.per_host(by_hosts, "machine"), cpusplit.per_host(by_hosts, "hosts")
+        if tool_part is None:
+            continue
+        both = tool_part + host_part
+        rows.append([sc, tool, f"1 -> {max(by_hosts)}", _f(tool_part), _f(host_part), _f(both),
+                     _f(100 * host_part / both if both else None, "{:.0f}%")])
+    return table(["scenario", "tool", "hosts", "the tool CPU s", "the hosts CPU s", "both", "the hosts' share"],
+                 rows) if rows else ""
 
 
 def downtime_table(by_hosts: dict[int, dict[str, Optional[dict]]]) -> str:
