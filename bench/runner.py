@@ -167,7 +167,8 @@ class Bench:
                 except ToolFailed as exc:
                     failed = exc
                 seconds, cpu = time.monotonic() - t0, machine_cpu() - cpu0
-            returned = time.time()
+                # when the tool returned: not after perf has stopped and written its samples out
+                returned = time.time()
             for p in probers:
                 p.__exit__()
             tool.after_run()
