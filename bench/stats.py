@@ -198,59 +198,44 @@ def router_table(summary: dict) -> str:
 
 def report(results: dict) -> str:
     """The whole text report from a results document (see bench/runner.py)."""
-    out = []
+    out: list[str] = []
+
+    def section(title: str, body: str) -> None:
+        # a heading and its table, or nothing when the run has no such table
+        if body:
+            out.extend([title + "\n", body, ""])
+
     summaries = results.get("summary", {})
+    samples = results.get("samples") or {}
     for scenario in SCENARIOS:
         if scenario in summaries.get("single", {}):
-            out.append(f"### {TITLES[scenario]} (1 host)\n")
-            out.append(scenario_table(summaries["single"][scenario]))
-            out.append("")
+            section(f"### {TITLES[scenario]} (1 host)", scenario_table(summaries["single"][scenario]))
     if results.get("split"):
-        out.append("### where the time goes: medians of traced runs (`-v=9` engine log, bench/trace.py), seconds\n")
-        out.append(split_table(results["split"]))
-        out.append("")
+        section("### where the time goes: medians of traced runs (`-v=9` engine log, bench/trace.py), seconds",
+                split_table(results["split"]))
     if results.get("split_switch"):
-        out.append("### where a switch's time goes: medians of gpu-serving's traced switches (`-v=9`, bench/trace.py), seconds\n")
-        out.append(split_switch_table(results["split_switch"]))
-        out.append("")
+        section("### where a switch's time goes: medians of gpu-serving's traced switches (`-v=9`, bench/trace.py), "
+                "seconds", split_switch_table(results["split_switch"]))
     for scenario in FLEET_SCENARIOS:
         fleet = summaries.get("fleet", {}).get(scenario)
         if fleet:
-            by_hosts = {int(n): v for n, v in fleet.items()}
-            out.append(f"### fleet scaling: {TITLES[scenario]}, N hosts at once\n")
-            out.append(fleet_table(scenario, by_hosts))
-            out.append("")
+            section(f"### fleet scaling: {TITLES[scenario]}, N hosts at once",
+                    fleet_table(scenario, {int(n): v for n, v in fleet.items()}))
     router = summaries.get(ROUTER)
     if router:
-        out.append(f"### fleet switch with router: tp8 -> ep8 on {router['hosts']} hosts, {router['clients']} clients "
-                   "sending requests through the router during the `pulumi up`\n")
-        out.append(router_table(router))
-    accounted = accounted_table(results.get("samples") or {})
-    if accounted:
-        out.append("### where the CPU goes: process accounting during the timed runs (`--account`, bench/acct.py), "
-                   "medians\n")
-        out.append(accounted)
-        out.append("")
-    sampled = cpu_split_table(results.get("samples") or {})
-    if sampled:
-        out.append("### whose CPU: the rehearsal hosts' or this machine's (the tool's), sampled by perf during the timed "
-                   "runs (`--cpu-split`, bench/cpusplit.py), medians\n")
-        out.append(sampled)
-        out.append("")
-        per_host = cpu_split_per_host(results.get("samples") or {})
-        if per_host:
-            out.append("What each host past the first adds (CPU s; on a real fleet the hosts' part runs on each "
-                       "host's own CPUs):\n")
-            out.append(per_host)
-            out.append("")
+        section(f"### fleet switch with router: tp8 -> ep8 on {router['hosts']} hosts, {router['clients']} clients "
+                "sending requests through the router during the `pulumi up`", router_table(router))
+    section("### where the CPU goes: process accounting during the timed runs (`--account`, bench/acct.py), medians",
+            accounted_table(samples))
+    section("### whose CPU: the rehearsal hosts' or this machine's (the tool's), sampled by perf during the timed "
+            "runs (`--cpu-split`, bench/cpusplit.py), medians", cpu_split_table(samples))
+    section("What each host past the first adds (CPU s; on a real fleet the hosts' part runs on each host's own CPUs):",
+            cpu_split_per_host(samples))
     switch = summaries.get("fleet", {}).get("switch") or (
         {"1": summaries["single"]["switch"]} if "switch" in summaries.get("single", {}) else {})
-    downtime = downtime_table({int(n): v for n, v in switch.items()})
-    if downtime:
-        load = (results.get("config") or {}).get("load_seconds") or 0
-        out.append(f"### gpu-serving switch downtime, from the host side (engine loads {load:g} s)\n")
-        out.append(downtime)
-        out.append("")
+    load = (results.get("config") or {}).get("load_seconds") or 0
+    section(f"### gpu-serving switch downtime, from the host side (engine loads {load:g} s)",
+            downtime_table({int(n): v for n, v in switch.items()}))
     return "\n".join(out)
 
 
