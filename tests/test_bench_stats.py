@@ -290,3 +290,27 @@ def test_traced_switches_run_on_each_fleet_size_that_has_one_stack(monkeypatch):
     assert [c[0] for c in calls] == ["h0", "h0", "fleet4", "fleet4"]
     assert calls[0][1] == ["up", "--stack", "ep8", "--yes"]
     assert bench.split_switch[4][0]["hosts"] == 4 and bench.split_switch[4][0]["service"] > 1.9
+
+
+class _Journal:
+    """A rehearsal host whose `sh` answers with a fixed journal text and keeps the command."""
+
+    def __init__(self, text: str):
+        self.text, self.commands = text, []
+
+    def sh(self, command, timeout=120, check=True):
+        self.commands.append(command)
+        return self.text
+
+
+def test_a_run_lost_to_the_rehearsal_cgroup_race_is_told_apart():
+    from bench import hosts as H
+    units = ["sglang-kimi-k2.6-tp8.service", "sglang-kimi-k2.6-ep8.service"]
+    failed_start = _Journal("sglang-kimi-k2.6-ep8.service: Main process exited, code=exited, status=219/CGROUP\n")
+    assert H.cgroup_flake(failed_start, units, 1000.0)
+    assert "--since @999" in failed_start.commands[0] and all(f"-u {u}" in failed_start.commands[0] for u in units)
+    # the old server's stop could not be signalled: the switch waited out TimeoutStopSec
+    stuck_stop = _Journal("sglang-kimi-k2.6-tp8.service: Failed to kill control group "
+                          "/system.slice/sglang-kimi-k2.6-tp8.service, ignoring: Input/output error\nStopping ...\n")
+    assert H.cgroup_flake(stuck_stop, units, 1000.0)
+    assert not H.cgroup_flake(_Journal("Stopping ...\nStopped ...\nStarted ...\n"), units, 1000.0)
