@@ -42,8 +42,8 @@ from .workspace import BENCH, PROGRAM, REPO, cache_root, ensure_bench_venv, log,
 RESULTS = BENCH / "results"
 STACKS = ("tp8", "ep8", "pp8")
 FROM, TO = "tp8", "ep8"
-# How often a run lost to the rehearsal hosts' cgroup race (a unit failing with 219/CGROUP, the
-# container's doing, not the tool's) is tried: on a busy day one 4-host switch in four hits it.
+# How often a run lost to the rehearsal hosts' cgroup race (hosts.CGROUP_FLAKES: the container's
+# doing, not the tool's) is tried: on a busy day one 4-host switch in four hits it.
 CGROUP_TRIES = 5
 
 
@@ -450,6 +450,10 @@ def main(argv=None) -> int:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if os.geteuid() != 0:
         print("bench/run needs root (rehearsal hosts: systemd-nspawn, mounts, network namespaces)", file=sys.stderr)
+        return 2
+    if args.cpu_split and shutil.which("perf") is None:
+        print("bench/run --cpu-split needs perf (Debian: apt-get install linux-perf; scripts/install-host-deps "
+              "installs it)", file=sys.stderr)
         return 2
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()

@@ -142,3 +142,18 @@ def test_perf_on_this_machine_puts_a_nspawn_child_on_the_hosts_side(tmp_path):
     assert 0.3 <= out["hosts"] <= 0.55, out
     assert out["machine"] >= 0.15, out
     assert out["top"]["hosts"][0][0].startswith("python"), out
+
+
+def test_the_bench_refuses_cpu_split_without_perf_before_it_boots_a_host(monkeypatch, capsys):
+    from bench import runner
+    # main() drops PYTHONDONTWRITEBYTECODE from the environment: monkeypatch puts it back after
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", runner.os.environ.get("PYTHONDONTWRITEBYTECODE", "1"))
+    monkeypatch.setattr(runner.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(runner.shutil, "which", lambda name: None)
+
+    def no_bench(args):
+        raise AssertionError("a Bench was made: hosts would boot before the refusal")
+
+    monkeypatch.setattr(runner, "Bench", no_bench)
+    assert runner.main(["--cpu-split", "--scenarios", "switch"]) == 2
+    assert "--cpu-split needs perf" in capsys.readouterr().err
