@@ -145,8 +145,8 @@ class Recorder:
         finally:
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    def split(self, start: float, end: float) -> dict:
-        return split(self._lines, start, end, self.hz)
+    def split(self, start: float, end: float, top: int = TOP) -> dict:
+        return split(self._lines, start, end, self.hz, top)
 
 
 def per_host(by_hosts: dict[int, dict], side: str) -> Optional[float]:
