@@ -176,15 +176,15 @@ class Bench:
                 p.__exit__()
             tool.after_run()
             conns, sessions = counter.stop()
-            units = [p["unit_name"] for p in self.plans.values()]
-            if attempt < CGROUP_TRIES - 1 and any(H.parallel(hosts, lambda h: H.cgroup_flake(h, units, wall))):
-                # The unit failed to start for the container's reasons; the tool then failed or
-                # waited for systemd's restart: either way the run measured the host, not the tool.
+            if self._lost_to_cgroup_race(hosts, wall, attempt):
+                # A unit failed to start, or to stop, for the container's reasons; the tool then
+                # failed or waited for systemd: either way the run measured the host, not the tool.
                 self.flakes.append(f"{scenario} N={len(hosts)} {tool.name}")
-                log(f"{tool.name}: a unit failed with 219/CGROUP (rehearsal host cgroup race); running it again")
+                log(f"{tool.name}: a unit lost the rehearsal host's cgroup race; running it again")
                 self.reset(hosts)
                 if scenario != "switch":
-                    H.parallel(hosts, lambda h: H.serve(h, self.plans[stack]["unit_name"], self.plans[stack]["port"], units))
+                    H.parallel(hosts, lambda h: H.serve(h, self.plans[stack]["unit_name"], self.plans[stack]["port"],
+                                                        self.unit_names))
                 continue
             if failed:
                 raise failed
@@ -207,14 +207,25 @@ class Bench:
             self.verify(stack, hosts, f"{tool.name} {what} {stack}")
         return sample
 
+    @property
+    def unit_names(self) -> list[str]:
+        """The unit of every strategy the benchmark deploys."""
+        return [p["unit_name"] for p in self.plans.values()]
+
+    def _lost_to_cgroup_race(self, hosts: list[H.Host], since: float, attempt: int) -> bool:
+        """Was attempt `attempt` (from 0) lost to the rehearsal hosts' cgroup race since `since`
+        (hosts.CGROUP_FLAKES), with an attempt of CGROUP_TRIES left to run it again?"""
+        if attempt >= CGROUP_TRIES - 1:
+            return False
+        return any(H.parallel(hosts, lambda h: H.cgroup_flake(h, self.unit_names, since)))
+
     def reset_limits(self, hosts: list[H.Host]) -> None:
-        units = " ".join(p["unit_name"] for p in self.plans.values())
+        units = " ".join(self.unit_names)
         H.parallel(hosts, lambda h: h.sh(f"systemctl reset-failed {units} 2>/dev/null; true"))
 
     def reset(self, hosts: list[H.Host]) -> None:
         """tp8 serving, every host: the same starting point for every tool's switch."""
-        units = [p["unit_name"] for p in self.plans.values()]
-        H.parallel(hosts, lambda h: H.serve(h, self.plans[FROM]["unit_name"], self.plans[FROM]["port"], units))
+        H.parallel(hosts, lambda h: H.serve(h, self.plans[FROM]["unit_name"], self.plans[FROM]["port"], self.unit_names))
 
     def run_scenario(self, scenario: str, hosts: list[H.Host], tools: list[Tool]) -> dict[str, list[dict]]:
         tools = [t for t in tools if scenario in t.scenarios and (len(hosts) == 1 or t.name != "empty-pulumi")]
@@ -307,7 +318,6 @@ class Bench:
             self.verify(TO, group, "the traced switches")
 
     def _traced_switch(self, gs: GpuServing, project, group: list[H.Host]) -> dict:
-        units = [p["unit_name"] for p in self.plans.values()]
         for attempt in range(CGROUP_TRIES):
             self.reset(group)
             wall = time.time()
@@ -315,7 +325,7 @@ class Bench:
                 started, ended, text = tools.traced(project, gs.args("converge", TO))
             except ToolFailed:
                 # As a timed run: a unit lost to the rehearsal hosts' cgroup race is run again.
-                if attempt < CGROUP_TRIES - 1 and any(H.parallel(group, lambda h: H.cgroup_flake(h, units, wall))):
+                if self._lost_to_cgroup_race(group, wall, attempt):
                     self.flakes.append(f"traced switch N={len(group)}")
                     continue
                 raise

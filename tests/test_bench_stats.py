@@ -314,3 +314,70 @@ def test_a_run_lost_to_the_rehearsal_cgroup_race_is_told_apart():
                           "/system.slice/sglang-kimi-k2.6-tp8.service, ignoring: Input/output error\nStopping ...\n")
     assert H.cgroup_flake(stuck_stop, units, 1000.0)
     assert not H.cgroup_flake(_Journal("Stopping ...\nStopped ...\nStarted ...\n"), units, 1000.0)
+
+
+def test_a_traced_switch_lost_to_the_cgroup_race_is_run_again_while_attempts_are_left(monkeypatch):
+    """bench/runner.py: timed and traced runs share one rule: a failure with the race in a host's
+    journal is run again, up to CGROUP_TRIES attempts in all; any other failure is raised."""
+    from bench import runner
+    from bench.tools import GpuServing, ToolFailed
+    from bench.workspace import Project
+    bench = runner.Bench.__new__(runner.Bench)
+    bench.plans = {"tp8": {"unit_name": "a.service"}, "ep8": {"unit_name": "b.service"}}
+    bench.flakes = []
+    monkeypatch.setattr(bench, "reset", lambda group: None, raising=False)
+    raced = [_Journal("b.service: Main process exited, code=exited, status=219/CGROUP\n")]
+    assert bench._lost_to_cgroup_race(raced, 1000.0, 0)
+    assert all("-u a.service" in c and "-u b.service" in c for c in raced[0].commands)
+    assert not bench._lost_to_cgroup_race(raced, 1000.0, runner.CGROUP_TRIES - 1)  # no attempt left
+    assert not bench._lost_to_cgroup_race([_Journal("Started ...\n")], 1000.0, 0)
+
+    def always_fails(project, args):
+        raise ToolFailed("pulumi up failed")
+
+    monkeypatch.setattr(runner.tools, "traced", always_fails)
+    gs = GpuServing({"h0": Project("h0", Path("/p/h0"), {})})
+    with pytest.raises(ToolFailed):
+        bench._traced_switch(gs, gs.projects["h0"], raced)
+    assert bench.flakes == ["traced switch N=1"] * (runner.CGROUP_TRIES - 1)
+    bench.flakes = []
+    with pytest.raises(ToolFailed):  # not the race: raised at once
+        bench._traced_switch(gs, gs.projects["h0"], [_Journal("Started ...\n")])
+    assert bench.flakes == []
+
+
+def test_a_timed_run_lost_to_the_cgroup_race_is_set_up_and_run_again(monkeypatch):
+    """bench/runner.py measure(): a no-op run that failed with the race in a host's journal is
+    counted as a flake, its unit served again, and run again; the second run is the sample."""
+    from types import SimpleNamespace
+
+    from bench import runner
+    from bench.tools import ToolFailed
+    bench = runner.Bench.__new__(runner.Bench)
+    bench.args = SimpleNamespace(account=False, cpu_split=False)
+    bench.plans = {"tp8": {"unit_name": "a.service", "port": 30001}, "ep8": {"unit_name": "b.service", "port": 30002}}
+    bench.flakes = []
+    served = []
+    monkeypatch.setattr(bench, "reset", lambda group: served.append("reset"), raising=False)
+    monkeypatch.setattr(bench, "verify", lambda *a: None, raising=False)
+    monkeypatch.setattr(runner.H, "Counter", lambda hosts: SimpleNamespace(start=lambda: None, stop=lambda: (1, 7)))
+    monkeypatch.setattr(runner.H, "serve", lambda h, unit, port, units: served.append((unit, port, tuple(units))))
+    journal = _Journal("b.service: Main process exited, code=exited, status=219/CGROUP\n")
+
+    class Tool:
+        name, runs = "gpu-serving", 0
+
+        def converge(self, stack, hosts):
+            self.runs += 1
+            if self.runs == 1:  # the race is in the journal for this run
+                raise ToolFailed("pulumi up failed")
+            journal.text = "Started ...\n"
+
+        def after_run(self):
+            pass
+
+    tool = Tool()
+    sample = bench.measure(tool, "converge", "ep8", [journal], "noop")
+    assert tool.runs == 2 and bench.flakes == ["noop N=1 gpu-serving"]
+    assert served == ["reset", ("b.service", 30002, ("a.service", "b.service"))]
+    assert sample["connections"] == 1 and sample["sessions"] == 7
