@@ -40,7 +40,7 @@ def test_the_done_when_sequence_on_one_host(deployment):
     # deploy tp8
     result = d.stack("tp8").up(on_output=print)
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready" and r["checked_by"].startswith("up: the switch started the unit"), r
+    assert r["status_when_checked"] == "ready" and r["checked_by"].startswith("up: the switch started the unit"), r
     pid = main_pid(d, TP8)
 
     # add and remove a new layout file: tp8's MainPID unchanged, its drift check clean
@@ -65,7 +65,7 @@ def test_the_done_when_sequence_on_one_host(deployment):
 
     # kill -9: one up converges, the check is clean
     d.sh(f"kill -9 {main_pid(d, TP8)}")
-    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     check_is_clean(d, "tp8")
 
     # the switch preview says, from the host, what serves now, that it stops, and what differs
@@ -82,7 +82,7 @@ def test_the_done_when_sequence_on_one_host(deployment):
 
     # switch to ep8: tp8's check says superseded by ep8
     result = d.stack("ep8").up(on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     text = drift_text(d, "tp8")
     assert f"superseded: {EP8} (stack ep8) serves since " in text, text[-4000:]
     assert "the running server was started from other settings" not in text
@@ -124,8 +124,25 @@ def test_a_refresh_says_what_checked_the_readiness(deployment):
     d = deployment
     result = d.stack("ep8").up(on_output=print)  # refresh: always; nothing restarted
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready" and r["checked_by"].startswith("refresh"), r
+    assert r["status_when_checked"] == "ready" and r["checked_by"].startswith("refresh"), r
     assert r["checked_at"]
+
+
+def test_a_superseded_stacks_readiness_output_is_a_past_verdict_not_ready_now(deployment):
+    """Issue 36.15: after another stack's switch, the stack output of the one it replaced said
+    `"status": "ready"` for a server that no longer ran, and scripts read `status`. The record
+    keeps its verdict as `status_when_checked` (no `status` key at all), with when and how it was
+    taken; the stack's own refresh records what is true then: stopped, superseded by the other."""
+    d = deployment
+    serving = d.stack("ep8").up(on_output=print).outputs["readiness"].value
+    record = d.stack("tp8").outputs()["readiness"].value  # tp8 was ready at its last up, then ep8 took the host
+    assert d.sh(f"systemctl is-active {TP8}").strip() != "active"
+    assert "status" not in record, record
+    assert record["status_when_checked"] == "ready" and record["checked_at"] < serving["checked_at"], (record, serving)
+    d.stack("tp8").refresh(on_output=print)  # the program runs with the refresh (scripts/env.sh: PULUMI_RUN_PROGRAM)
+    record = d.stack("tp8").outputs()["readiness"].value
+    assert record["status_when_checked"] == "stopped" and record["checked_by"].startswith("refresh"), record
+    assert record["reason"].startswith(f"superseded: {EP8} (stack ep8) serves since "), record
 
 
 def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
@@ -134,7 +151,7 @@ def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
     text); now 100: the unit text only for a new unit, execStart on one line, the readiness
     hand-over one opaque value."""
     d = deployment
-    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     lines: list[str] = []
     preview = d.stack("ep8").preview(diff=True, on_output=lines.append)
     text = "\n".join(lines)
@@ -147,7 +164,7 @@ def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
 
 def test_destroying_the_serving_stack_says_nothing_serves(deployment):
     d = deployment
-    assert d.stack("ep8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert d.stack("ep8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     # The preview already says it (a delete hook: Pulumi runs no provider code in a destroy's
     # preview), and only for the stack that serves: tp8 is superseded, its destroy takes nothing.
     warning = "which serves on "
