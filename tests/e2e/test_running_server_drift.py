@@ -72,11 +72,35 @@ def test_hand_edited_flag_and_environment_after_restart_is_drift_naming_the_runn
     assert "an up restarts it" in text
 
 
+# What the preview says before an `up` reloads the serving model to repair it (issue 36.3).
+RESTART_LINE = ("will RESTART (model reload): the running server was started from other settings: "
+                "--max-running-requests 128 (declared 64); NCCL_ALGO=Tree (declared Ring)")
+
+
+def test_the_preview_of_up_refresh_says_the_drift_repair_restarts_the_model(serving):
+    """Issue 36.3: `pulumi up --refresh`'s preview showed only `service update [diff:
+    ~runningServer]`, and "restarting" came once the update ran: for a 590 GB model a long outage
+    approved blind. Its preview says which unit on which host restarts, and why."""
+    d = serving
+    before = main_pid(d, TP8)
+    # The preview `pulumi up --refresh` shows before it asks (the engine's `up` has no preview-only flag).
+    done = subprocess.run([str(bin_dir(d.env) / "pulumi"), "preview", "--refresh", "--stack", "tp8"],
+                          cwd=d.project, env=d.env, capture_output=True, text=True, timeout=600)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-4000:]
+    said = [line.strip() for line in text.splitlines() if RESTART_LINE in line]
+    assert said and said[-1] == f"restart: {TP8} on root@{d.host.address}:{d.host.port} {RESTART_LINE}", text[-4000:]
+    assert main_pid(d, TP8) == before  # a preview restarts nothing
+
+
 def test_up_after_the_hand_edit_runs_the_declared_flags_and_environment(serving):
     d = serving
     before = main_pid(d, TP8)
-    result = d.stack("tp8").up(refresh=True, on_output=print)
+    lines: list[str] = []
+    result = d.stack("tp8").up(refresh=True, on_output=lines.append)
     assert result.outputs["readiness"].value["status_when_checked"] == "ready"
+    # An up without a preview of its own (the Automation API's: --skip-preview) says it itself.
+    assert any(RESTART_LINE in line for line in lines), "\n".join(lines)[-4000:]
     assert main_pid(d, TP8) != before  # restarted, not only the files rewritten
     argv, env = running_argv(d, TP8), running_environment(d, TP8)
     assert flag(argv, "--max-running-requests") == "64"
