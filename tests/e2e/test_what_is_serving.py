@@ -11,6 +11,7 @@ import subprocess
 import pytest
 
 from tests.e2e.test_layout_files_and_failed_switches import no_changes
+from tests.pulumi_env import bin_dir
 from tests.e2e.test_running_server_drift import (ENV_FILE, TP8, UNIT_FILE, check_is_clean, drift_text, flag, main_pid,
                                                  running_argv, running_environment)
 
@@ -160,6 +161,60 @@ def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
     assert "[3]: " not in text  # no argv one argument a line
     assert len(lines) <= 100, text
     assert f"{TP8} (stack tp8) serves now" in preview.stderr
+
+
+KV_WARNING = "exceeds the KV pool"
+
+
+def operator_up(d, stack: str) -> list[str]:
+    """`pulumi up --yes --stack STACK` as an operator types it (its preview, then the update),
+    every line it printed but the engine's ticker (`@ updating....`, one a few seconds: a count
+    of time, not of what was said)."""
+    done = subprocess.run([str(bin_dir(d.env) / "pulumi"), "up", "--yes", "--stack", stack], cwd=d.project, env=d.env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("@ ")]
+
+
+def said(lines: list[str], words: str) -> int:
+    """How many times a message was said: its lines among the run's diagnostics (the engine also
+    shows a message's first line inline while it runs; that is not a second saying)."""
+    return sum(1 for line in lines if words in line and not line.startswith((" +  pulumi:pulumi:Stack", " ~  pulumi:pulumi:Stack",
+                                                                            "    pulumi:pulumi:Stack")))
+
+
+def test_an_up_says_each_thing_once_and_prints_few_lines(deployment):
+    """Issue 36.18: a switch back printed ~260 lines (154 of them the per-GPU `host` output), a first
+    `up` 455-571 (the unit text four times), the KV-capacity warning 4-6 times a run, and `preview
+    --diff` double-spaced the switch block. Counted here on `pulumi up --yes` as an operator runs
+    it (the preview, then the update; the stack's settings warn that the KV pool is short), on
+    main at 208a922 in the same runs: 455 (first up), 212 (no-op), 251 (switch back) lines. The
+    engine itself prints three lines a resource for each refresh (42 of a no-op)."""
+    d = deployment
+    assert d.stack("tp8").up().outputs["readiness"].value["status_when_checked"] == "ready"
+    first = operator_up(d, "pp8")  # a first up (new unit) that switches tp8 out
+    text = "\n".join(first)
+    print(f"first up: {len(first)} lines")
+    assert said(first, "ExecStart=") == 1 and said(first, "as it will be written") == 1, text
+    assert said(first, KV_WARNING) == 1, text
+    assert len(first) <= 230, text
+    noop = operator_up(d, "pp8")
+    text = "\n".join(noop)
+    print(f"no-op up: {len(noop)} lines")
+    assert said(noop, KV_WARNING) == 1 and "bus_id" not in text and "[7]: {" not in text, text
+    assert len(noop) <= 120, text
+    # preview --diff: the switch block as written, not a blank line after each of its lines.
+    preview = subprocess.run([str(bin_dir(d.env) / "pulumi"), "preview", "--diff", "--stack", "ep8"], cwd=d.project,
+                             env=d.env, capture_output=True, text=True, timeout=900)
+    lines = preview.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if "serves now, since" in line)
+    assert lines[start + 1].startswith("switch: it will stop;"), preview.stderr
+    back = operator_up(d, "ep8")  # a switch back to a stack deployed before
+    text = "\n".join(back)
+    print(f"switch back: {len(back)} lines")
+    assert said(back, "it will stop;") == 1 and said(back, KV_WARNING) == 1, text
+    assert len(back) <= 145, text
+    assert d.sh(f"systemctl is-active {EP8}").strip() == "active"
 
 
 def test_destroying_the_serving_stack_says_nothing_serves(deployment):
