@@ -36,3 +36,18 @@ def test_the_command_line_of_a_pulumi_ancestor_is_found(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == repr(["-c", script, "up", "--yes", "--skip-preview"]), out.stdout
     assert cli.pulumi_command_line() is None  # pytest's ancestors run no `pulumi`
+
+
+def test_the_first_run_of_a_command_says_it_and_the_next_does_not(tmp_path):
+    """The provider's side (the engine starts one provider process a run): the first process of a
+    command to ask leaves a marker named after the CLI process, the next one finds it; a marker
+    of a CLI that is gone is swept."""
+    base = tmp_path / "markers"
+    base.mkdir(mode=0o700)
+    me = os.getpid()
+    assert cli.first_run_of_command(me, str(base)) is True   # the preview's provider
+    assert cli.first_run_of_command(me, str(base)) is False  # the update's
+    (base / f"{cli.MARKER_PREFIX}999999999-12345").touch()   # a CLI long gone
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    assert cli.first_run_of_command(int(dead.stdout), str(base)) is True  # a pid without a process: cannot say
+    assert sorted(p.name for p in base.iterdir()) == [f"{cli.MARKER_PREFIX}{me}-{cli._started(me)}"]

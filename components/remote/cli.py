@@ -15,6 +15,7 @@ import time
 from typing import Optional
 
 from ..core import run_kind
+from . import handoff
 
 # How far up the CLI may be: the runner, the language host, the CLI.
 MAX_DEPTH = 4
@@ -79,12 +80,13 @@ def says_preview_things(dry_run: bool) -> bool:
 def first_run_of_command(cli_pid: int, base: Optional[str] = None) -> bool:
     """Whether this process is the first of its command's runs to ask (see the module's docstring);
     True when that cannot be known (no directory of the user's own: say rather than stay silent)."""
-    from . import handoff
-    started = _started(cli_pid)
     base = base or handoff.directory()
-    if started is None or base is None:
+    if base is None:
         return True
     _sweep(base)
+    started = _started(cli_pid)
+    if started is None:
+        return True
     try:
         os.close(os.open(os.path.join(base, f"{MARKER_PREFIX}{cli_pid}-{started}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         return True

@@ -170,6 +170,7 @@ def operator_up(d, stack: str) -> list[str]:
     """`pulumi up --yes --stack STACK` as an operator types it (its preview, then the update),
     every line it printed but the engine's ticker (`@ updating....`, one a few seconds: a count
     of time, not of what was said)."""
+    d.stack(stack)  # `pulumi stack select --create`, once
     done = subprocess.run([str(bin_dir(d.env) / "pulumi"), "up", "--yes", "--stack", stack], cwd=d.project, env=d.env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
