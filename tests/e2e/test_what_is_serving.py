@@ -135,6 +135,7 @@ def test_a_superseded_stacks_readiness_output_is_a_past_verdict_not_ready_now(de
     keeps its verdict as `status_when_checked` (no `status` key at all), with when and how it was
     taken; the stack's own refresh records what is true then: stopped, superseded by the other."""
     d = deployment
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     serving = d.stack("ep8").up(on_output=print).outputs["readiness"].value
     record = d.stack("tp8").outputs()["readiness"].value  # tp8 was ready at its last up, then ep8 took the host
     assert d.sh(f"systemctl is-active {TP8}").strip() != "active"
@@ -192,7 +193,8 @@ def test_an_up_says_each_thing_once_and_prints_few_lines(deployment):
     main at 208a922 in the same runs: 455 (first up), 212 (no-op), 251 (switch back) lines. The
     engine itself prints three lines a resource for each refresh (42 of a no-op)."""
     d = deployment
-    assert d.stack("tp8").up().outputs["readiness"].value["status_when_checked"] == "ready"
+    for stack in ("ep8", "tp8"):  # ep8 deployed before, tp8 serving
+        assert d.stack(stack).up().outputs["readiness"].value["status_when_checked"] == "ready"
     first = operator_up(d, "pp8")  # a first up (new unit) that switches tp8 out
     text = "\n".join(first)
     print(f"first up: {len(first)} lines")
@@ -203,7 +205,7 @@ def test_an_up_says_each_thing_once_and_prints_few_lines(deployment):
     text = "\n".join(noop)
     print(f"no-op up: {len(noop)} lines")
     assert said(noop, KV_WARNING) == 1 and "bus_id" not in text and "[7]: {" not in text, text
-    assert len(noop) <= 120, text
+    assert len(noop) <= 130, text
     # preview --diff: the switch block as written, not a blank line after each of its lines.
     preview = subprocess.run([str(bin_dir(d.env) / "pulumi"), "preview", "--diff", "--stack", "ep8"], cwd=d.project,
                              env=d.env, capture_output=True, text=True, timeout=900)
@@ -214,7 +216,7 @@ def test_an_up_says_each_thing_once_and_prints_few_lines(deployment):
     text = "\n".join(back)
     print(f"switch back: {len(back)} lines")
     assert said(back, "it will stop;") == 1 and said(back, KV_WARNING) == 1, text
-    assert len(back) <= 145, text
+    assert len(back) <= 150, text
     assert d.sh(f"systemctl is-active {EP8}").strip() == "active"
 
 
