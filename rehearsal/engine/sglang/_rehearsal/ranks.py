@@ -92,9 +92,6 @@ class DpRanks:
             return round(sum(1 for t in self.tokens[rank] if t >= now - THROUGHPUT_WINDOW) / THROUGHPUT_WINDOW, 2)
 
     def load(self, rank: int) -> int:
+        """Requests the rank runs now (a wedged rank's stuck ones included)."""
         with self.lock:
-            return self.running[rank] + self.stuck[rank]
-
-    def in_flight(self) -> int:
-        with self.lock:
-            return sum(self.running) + sum(self.stuck)
+            return self.running[rank]
