@@ -33,10 +33,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .config import A2A_BACKENDS, NAMESPACE, StackSettings, StrategySettings
+from .config import A2A_BACKENDS, StackSettings, StrategySettings
 from .errors import SettingError
-from .memory import GB, MemoryPlan, plan_memory, pp_layer_split
-from .strategy import Layout, check_extra_args, check_strategy, check_unit_name, check_visible_gpus
+from .layout_check import check_layout
+from .memory import GB, MemoryPlan, pp_layer_split
+from .strategy import Layout, check_extra_args, check_unit_name
 
 DATA = Path(__file__).parent / "data"
 # The all-to-all backend the advisor tries for expert parallelism (SGLang lists several; they
@@ -231,22 +232,14 @@ class Candidate:
 
 
 def judge(settings: StackSettings, L: Layout) -> Candidate:
-    """The layout through the program's own checks: SGLang's rules and the memory plan."""
+    """The layout through the program's own check (`layout_check.check_layout`, what `plan`,
+    `preview` and `up` run): SGLang's rules and the memory plan."""
     s = with_layout(settings, L)
     # Problems of the stack that no layout changes (extraArgs, the unit name) are not the layout's.
     unrelated = {(e.setting, e.rule) for e in check_extra_args(s.serving.extra_args) + check_unit_name(s)}
-    errors = [e for e in check_strategy(s) + check_visible_gpus(s) if (e.setting, e.rule) not in unrelated]
-    if L.moe_a2a_backend != "none" and s.host.interconnect != "nvlink" and not errors:
-        # Not a rule of SGLang's parser but of the kernels: DeepEP's intranode all-to-all needs
-        # NVLink between the GPUs (NVSHMEM over PCIe alone is not supported).
-        errors.append(SettingError(f"{NAMESPACE}:strategy.moeA2aBackend",
-                                   f"the {L.moe_a2a_backend} all-to-all needs NVLink between GPUs; host.interconnect is "
-                                   f"{s.host.interconnect}", "use moeA2aBackend: none (EP over all-reduce)"))
-    memory = None
-    if not errors:
-        memory, mem_errors = plan_memory(s)
-        errors += mem_errors
-    return Candidate(L, layout_name(L), s, memory, errors)
+    errors, memory = check_layout(s)
+    errors = [e for e in errors if (e.setting, e.rule) not in unrelated]
+    return Candidate(L, layout_name(L), s, memory if not errors else None, errors)
 
 
 # ---------------------------------------------------------------------------- the cost model
