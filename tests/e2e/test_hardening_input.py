@@ -29,6 +29,7 @@ import pytest
 import yaml
 from pulumi import automation as auto
 
+from components.core.pulumi_yaml import dump
 from tests import hardening_support as H
 from tests import corpus_support as CS
 
@@ -159,9 +160,9 @@ class Place:
         set with `pulumi config set --secret`. Returns the stack name."""
         case = CASES[name]
         stack = str(case.get("stack", "bad"))
-        doc = yaml.safe_load(self.project_text)
+        doc = CS.load(self.project_text)
         doc["config"].update(copy.deepcopy(case.get("projectConfig") or {}))
-        (self.project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        (self.project / "Pulumi.yaml").write_text(dump(doc))
         for path in self.project.glob("Pulumi.*.yaml"):
             if path.name not in self.own_stacks:
                 path.unlink()
@@ -176,7 +177,7 @@ class Place:
             return stack
         config = stack_file(self.d, case)
         secrets = {key: config.pop(f"{NS}:{key}") for key in case.get("secrets") or () if f"{NS}:{key}" in config}
-        path.write_text(yaml.safe_dump({"config": config, **self.salts[stack]}))
+        path.write_text(dump({"config": config, **self.salts[stack]}))
         for key, value in secrets.items():
             text = value if isinstance(value, str) else json.dumps(value)
             done = self.pulumi("config", "set", "--secret", "--stack", stack, f"{NS}:{key}", "--", text)
