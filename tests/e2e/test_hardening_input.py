@@ -324,6 +324,32 @@ def test_bad_edit_of_a_deployed_stack_runs_nothing_with_run_program(deployed):
     H.refused("deployed-stack-served-name-subshell", through_pulumi=True)
 
 
+def test_deepep_on_a_pcie_host_is_refused_by_preview_and_up_before_the_host_is_touched(deployed):
+    """Issue 36.1: `{tpSize: 8, epSize: 8, moeA2aBackend: deepep}` on the default (PCIe) host was
+    accepted by preview and deployed "ready" by up on the rehearsal host; on a real box it stops
+    the serving strategy, loads for minutes and fails. Now both refuse it, naming the rule advise
+    names, with no command on the host and tp8 still serving (corpus case arith-deepep-on-a-pcie-host
+    runs in the batch too; the rehearsal engine's own failure: tests/standins)."""
+    d = deployed
+    path = d.project / "Pulumi.ep8.yaml"
+    original = path.read_text()
+    path.write_text(dump({"config": {"gpu-serving:strategy": {"tpSize": 8, "epSize": 8, "moeA2aBackend": "deepep"}}}))
+    before = host_state(d)
+    record = H.HostRecord(d.host)
+    mark = record.mark()
+    try:
+        for op in (d.stack("ep8").preview, d.stack("ep8").up):
+            text = failing(op)
+            assert "gpu-serving:strategy.moeA2aBackend: the deepep all-to-all needs NVLink between GPUs" in text, text[-3000:]
+            assert "Traceback" not in text
+        commands, logins = record.since(mark)
+        assert commands == [] and logins == 0, (commands, logins)
+        assert host_state(d) == before
+    finally:
+        path.write_text(original)
+    H.refused("deepep-on-a-pcie-host", through_pulumi=True)
+
+
 def test_bad_secret_refused_at_preview_without_its_value(deployed):
     """gpu-serving:hfToken goes into a KEY="value" line of the environment file: a newline or a
     quote in it is refused at preview (the provider's check, no SSH), and the message does not
