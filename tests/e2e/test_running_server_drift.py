@@ -198,7 +198,7 @@ def test_an_environment_key_on_and_a_value_off_deploy_with_no_drift_in_status(se
     path.write_text(text.replace("config:\n", 'config:\n  gpu-serving:serving:\n    environment:\n'
                                  '      on: "1"\n      SWITCH: off\n', 1))
     try:
-        assert d.stack("tp8").up().outputs["readiness"].value["status"] == "ready"
+        assert d.stack("tp8").up().outputs["readiness"].value["status_when_checked"] == "ready"
         env = running_environment(d, TP8)
         assert env.get("on") == "1" and env.get("SWITCH") == "off", env
         planned = d.components("plan", "--stack", "tp8", "--json")
