@@ -129,6 +129,23 @@ def test_a_refresh_says_what_checked_the_readiness(deployment):
     assert r["checked_at"]
 
 
+def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
+    """Issue 12.9: the same steps on main (8b1d6ee) gave 169 lines and 43 of diagnostics (argv
+    one argument a line, every field of the last readiness report as removed, the unchanged unit
+    text); now 100: the unit text only for a new unit, execStart on one line, the readiness
+    hand-over one opaque value."""
+    d = deployment
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
+    lines: list[str] = []
+    preview = d.stack("ep8").preview(diff=True, on_output=lines.append)
+    text = "\n".join(lines)
+    print(f"switch preview: {len(lines)} lines of output, {len(preview.stderr.splitlines())} of diagnostics")
+    assert "as it will be written" not in text + preview.stderr  # the unit does not change
+    assert "[3]: " not in text  # no argv one argument a line
+    assert len(lines) <= 100, text
+    assert f"{TP8} (stack tp8) serves now" in preview.stderr
+
+
 def test_a_superseded_stacks_readiness_output_is_a_past_verdict_not_ready_now(deployment):
     """Issue 36.15: after another stack's switch, the stack output of the one it replaced said
     `"status": "ready"` for a server that no longer ran, and scripts read `status`. The record
@@ -145,23 +162,6 @@ def test_a_superseded_stacks_readiness_output_is_a_past_verdict_not_ready_now(de
     record = d.stack("tp8").outputs()["readiness"].value
     assert record["status_when_checked"] == "stopped" and record["checked_by"].startswith("refresh"), record
     assert record["reason"].startswith(f"superseded: {EP8} (stack ep8) serves since "), record
-
-
-def test_a_switch_preview_of_an_existing_stack_is_short(deployment):
-    """Issue 12.9: the same steps on main (8b1d6ee) gave 169 lines and 43 of diagnostics (argv
-    one argument a line, every field of the last readiness report as removed, the unchanged unit
-    text); now 100: the unit text only for a new unit, execStart on one line, the readiness
-    hand-over one opaque value."""
-    d = deployment
-    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
-    lines: list[str] = []
-    preview = d.stack("ep8").preview(diff=True, on_output=lines.append)
-    text = "\n".join(lines)
-    print(f"switch preview: {len(lines)} lines of output, {len(preview.stderr.splitlines())} of diagnostics")
-    assert "as it will be written" not in text + preview.stderr  # the unit does not change
-    assert "[3]: " not in text  # no argv one argument a line
-    assert len(lines) <= 100, text
-    assert f"{TP8} (stack tp8) serves now" in preview.stderr
 
 
 KV_WARNING = "exceeds the KV pool"
