@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from components.core import facts as F
+from components.core import fitness as FITNESS
 
 from .casedata import DATA, cases
 
@@ -59,6 +60,22 @@ GPU1\tNODE\t X \t0-31
 @@nvcc
 sh: 1: /usr/local/cuda-13.0/bin/nvcc: not found
 @@rc=127
+@@fitness
+<?xml version="1.0" ?>
+<nvidia_smi_log>
+\t<driver_version>580.95.05</driver_version>
+\t<cuda_version>13.0</cuda_version>
+\t<gpu id="00000000:17:00.0">
+\t\t<product_name>NVIDIA RTX PRO 6000 Blackwell Server Edition</product_name>
+\t\t<uuid>GPU-a</uuid>
+\t\t<persistence_mode>Disabled</persistence_mode>
+\t</gpu>
+</nvidia_smi_log>
+@@iommu
+groups 12
+cmdline BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt
+@@nccl
+system /usr/lib/x86_64-linux-gnu/libnccl.so.2.27.7
 @@os
 PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
 @@kernel
@@ -71,6 +88,9 @@ def test_batched_facts_parse_and_check():
     f = F.parse_facts(RTX_FACTS.replace("\\t", "\t"))
     assert len(f.gpus) == 2 and f.cuda_driver_version == "13.0" and f.interconnect == "pcie"
     assert f.toolkit_version is None and f.os.startswith("Debian")
+    assert f.fitness.gpus[0].persistence_mode == "Disabled" and f.fitness.nccl_version == "2.27.7"
+    assert f.fitness.iommu is True and f.fitness.iommu_cmdline == ("intel_iommu=on", "iommu=pt")
+    assert F.HostFacts.from_dict(f.as_dict()) == f  # through Pulumi's state and back
     assert F.check_facts(f, gpu_count=2, gpu_memory_gb=96, interconnect="pcie", needed_gpus=2) == []
     problems = F.check_facts(f, gpu_count=8, gpu_memory_gb=96, interconnect="pcie", needed_gpus=8)
     assert problems and "needs 8 GPUs but the host has 2" in problems[0]
@@ -80,7 +100,8 @@ def test_batched_facts_parse_and_check():
 
 
 def test_nvidia_smi_failure_is_a_problem_not_a_crash():
-    f = F.parse_facts("@@query\nNVIDIA-SMI has failed\n@@rc=9\n@@smi\n@@topo\n@@nvcc\n@@os\n@@kernel\n@@end\n")
+    f = F.parse_facts("@@query\nNVIDIA-SMI has failed\n@@rc=9\n@@smi\n@@topo\n@@nvcc\n@@fitness\nNVIDIA-SMI has failed\n@@rc=9\n"
+                      "@@iommu\n@@nccl\n@@os\n@@kernel\n@@end\n")
     assert f.gpus == [] and f.problems == [f"nvidia-smi lists no GPUs on the host: `{' '.join(F.GPU_QUERY)}` exited 9: "
                                            "NVIDIA-SMI has failed"]
     problems = F.check_facts(f, gpu_count=8, gpu_memory_gb=141, interconnect="nvlink", needed_gpus=8)
@@ -106,10 +127,14 @@ echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
 echo '@@smi'; nvidia-smi 2>&1 | head -n 6
 echo '@@topo'; nvidia-smi topo -m 2>&1
 echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
+echo '@@fitness'; { nvidia-smi -q -x 2>&1 || echo "@@rc=$?"; } | {xml_filter}
+echo '@@iommu'; {iommu}
+echo '@@nccl'; {nccl}
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
 echo '@@end'
-""".replace("{query}", " ".join(F.GPU_QUERY[1:]))
+""".replace("{query}", " ".join(F.GPU_QUERY[1:])).replace("{xml_filter}", FITNESS.XML_FILTER) \
+    .replace("{iommu}", FITNESS.IOMMU_SCRIPT).replace("{nccl}", FITNESS.NCCL_SCRIPT)
 
 # A stand-in nvidia-smi / nvcc whose slowest answer is the first section's, each logging when it
 # ran: printed in turn, the sections would come back in the wrong order if nothing sorted them.
@@ -120,6 +145,10 @@ case "$1" in
                  i=0; while [ $i -lt 8 ]; do echo "$i, GPU-$i, NVIDIA H200, 143771, 570.86.15, 00000000:0$i:00.0"; i=$((i+1)); done ;;
   topo) sleep 0.1; printf '\033[4mGPU0\tGPU1\033[0m\nGPU0\t X \tNV18\n\nLegend:\n  X    = Self\n' ;;
   "") sleep 0.2; i=0; while [ $i -lt 40 ]; do echo "header line $i with some width to it ....................."; i=$((i+1)); done ;;
+  -q) sleep 0.15; [ -n "$SMI_FAIL" ] && { echo "NVIDIA-SMI has failed"; exit 9; }
+      printf '<?xml version="1.0" ?>\n<nvidia_smi_log>\n\t<driver_version>570.86.15</driver_version>\n'
+      i=0; while [ $i -lt 8 ]; do printf '\t<gpu id="00000000:0%d:00.0">\n\t\t<uuid>GPU-%d</uuid>\n\t\t<serial>%d</serial>\n\t</gpu>\n' $i $i $i; i=$((i+1)); done
+      echo '</nvidia_smi_log>' ;;
 esac
 echo "end $(date +%s.%N) $*" >> "$FAKE_LOG"
 """
@@ -164,11 +193,13 @@ def test_the_facts_commands_run_at_once_and_answer_as_if_in_turn(tmp_path, varia
     facts = F.parse_facts(concurrent.decode())
     assert len(facts.gpus) == (0 if variant == "nvidia-smi fails" else 8)
     assert facts.toolkit_version == (None if variant == "no nvcc" else "13.0")
+    if variant != "nvidia-smi fails":  # the report cut to what fitness reads: not the serial
+        assert [g.uuid for g in facts.fitness.gpus] == [f"GPU-{i}" for i in range(8)] and b"<serial>" not in concurrent
     # At once: every command had started before the first one ended.
     events = [line.split(" ", 2) for line in log if line]
     first_end = min(float(t) for kind, t, _ in events if kind == "end")
     starts = [float(t) for kind, t, _ in events if kind == "start"]
-    assert len(starts) == (3 if variant == "no nvcc" else 4) and max(starts) < first_end, log
+    assert len(starts) == (4 if variant == "no nvcc" else 5) and max(starts) < first_end, log
 
 
 # ---------------------------------------------------------------------------------------------
