@@ -1,6 +1,7 @@
 """Fact parsers against real captures (tests/data/nvidia/) and data cases (tests/data/facts/)."""
-import re
 import dataclasses
+import json
+import re
 
 import pytest
 
@@ -13,7 +14,28 @@ PARSERS = {
     "query_gpu": F.parse_query_gpu, "smi_header": F.parse_smi_header, "topo": F.parse_topo,
     "nvcc": F.parse_nvcc, "systemctl_show": F.parse_systemctl_show, "os_release": F.parse_os_release,
     "facts": F.parse_facts,
+    "fitness_xml": lambda text: fitness_reading(FITNESS.parse_fitness(text)),
+    "nccl": FITNESS.parse_nccl, "iommu": FITNESS.parse_iommu,
 }
+
+
+def fitness_reading(f: FITNESS.HostFitness) -> dict:
+    """A fitness reading as a case states it: the versions, each GPU, what is degraded now."""
+    return {"driver_version": f.driver_version, "cuda_version": f.cuda_version, "problems": list(f.problems),
+            "gpus": [dataclasses.asdict(g) | {"clock_limits": list(g.clock_limits)} for g in f.gpus],
+            "degradations": FITNESS.degradations(f)}
+
+
+def edited(text: str, edits: list) -> str:
+    """A real capture with a case's edits: [old, new, which occurrence (0: the first)], each
+    of which must be there (a case degrades one GPU of a real report, in the tool's own shape)."""
+    for old, new, which in edits:
+        at = -1
+        for _ in range(which + 1):
+            at = text.find(old, at + 1)
+            assert at >= 0, f"the capture has no occurrence {which} of {old!r}"
+        text = text[:at] + new + text[at + len(old):]
+    return text
 # The command each parser reads (pinned in a case's "command", as pyinfra's fact cases do, so the
 # script cannot change without its cases).
 COMMANDS = {"facts": F.FACTS_SCRIPT.strip().splitlines()}
@@ -22,6 +44,7 @@ COMMANDS = {"facts": F.FACTS_SCRIPT.strip().splitlines()}
 @pytest.mark.parametrize("name,case", cases("facts"), ids=lambda x: x if isinstance(x, str) else "")
 def test_fact_case(name, case):
     text = (DATA / case["fixture"]).read_text() if "fixture" in case else case["output"]
+    text = edited(text, case.get("edit", []))
     if "command" in case:
         assert case["command"] == COMMANDS[case["parser"]]
     parser = PARSERS[case["parser"]]
@@ -40,6 +63,8 @@ def test_fact_case(name, case):
         got = got.as_dict()
     if isinstance(got, list):
         got = [dataclasses.asdict(g) for g in got]
+    if isinstance(got, (tuple, dict)):
+        got = json.loads(json.dumps(got))  # as a case states it (tuples are lists)
     if case["parser"] == "topo":
         got = {k: got[k] for k in ("gpus", "interconnect")}
     if "expect_subset" in case:
@@ -248,3 +273,14 @@ def test_every_property_a_parser_reads_is_asked_for():
     assert {"ActiveState", "NRestarts", "ExecMainStatus", "ActiveEnterTimestampMonotonic"} <= set(read)
     unasked = {name: files for name, files in read.items() if name not in facts.UNIT_PROPERTIES and name not in NOT_PROPERTIES}
     assert not unasked, f"read but never asked for (add to facts.UNIT_PROPERTIES): {unasked}"
+
+
+@pytest.mark.parametrize("capture", ["h200-1gpu", "h200-2gpu-nvlink"])
+def test_the_report_cut_on_the_host_reads_as_the_whole_report(capture):
+    """XML_FILTER (run on the host, in FACTS_SCRIPT) keeps every element the parser reads."""
+    import subprocess
+    whole = (DATA / "nvidia" / capture / "nvidia-smi-q.xml").read_text()
+    cut = subprocess.run(["sh", "-c", FITNESS.XML_FILTER], input=whole, capture_output=True, text=True, timeout=30)
+    assert cut.returncode == 0 and cut.stderr == ""
+    assert FITNESS.parse_smi_xml(cut.stdout) == FITNESS.parse_smi_xml(whole)
+    assert len(cut.stdout) < len(whole) / 4 and "<supported_graphics_clock>" not in cut.stdout

@@ -309,8 +309,8 @@ def gpu_degradations(g: GpuFitness) -> list[str]:
         out.append(f"PCIe link Gen{g.pcie_gen_current} of Gen{g.pcie_gen_max}")
     if g.persistence_mode == "Disabled":
         out.append("persistence mode off (the driver unloads between uses: every start pays its load)")
-    if g.ecc_mode == "Disabled" and g.ecc_pending != "Disabled":
-        out.append("ECC off until the next reboot")
+    if g.ecc_mode and g.ecc_pending and g.ecc_pending != g.ecc_mode:
+        out.append(f"ECC {g.ecc_mode.lower()} now, {g.ecc_pending.lower()} after the next reboot")
     if g.retired_pages_pending or g.remapped_rows_pending:
         out.append("retired memory pending a reboot (ECC errors)")
     if g.remapped_rows_failure:
