@@ -172,7 +172,9 @@ case "$1" in
   "") sleep 0.2; i=0; while [ $i -lt 40 ]; do echo "header line $i with some width to it ....................."; i=$((i+1)); done ;;
   -q) sleep 0.15; [ -n "$SMI_FAIL" ] && { echo "NVIDIA-SMI has failed"; exit 9; }
       printf '<?xml version="1.0" ?>\n<nvidia_smi_log>\n\t<driver_version>570.86.15</driver_version>\n'
-      i=0; while [ $i -lt 8 ]; do printf '\t<gpu id="00000000:0%d:00.0">\n\t\t<uuid>GPU-%d</uuid>\n\t\t<serial>%d</serial>\n\t</gpu>\n' $i $i $i; i=$((i+1)); done
+      i=0; while [ $i -lt 8 ]; do
+        printf '\t<gpu id="00000000:0%d:00.0">\n\t\t<uuid>GPU-%d</uuid>\n\t\t<serial>%d</serial>\n\t</gpu>\n' $i $i $i
+        i=$((i+1)); done
       echo '</nvidia_smi_log>' ;;
 esac
 echo "end $(date +%s.%N) $*" >> "$FAKE_LOG"
