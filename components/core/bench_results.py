@@ -59,6 +59,9 @@ class Run:
     rehearsal: bool
     levels: dict[int, Level]
     notes: tuple[str, ...] = ()  # levels or files skipped, and why
+    # The host's fitness facts as the run started (meta.json `fitness`; core/fitness_baseline.py
+    # compares them with the host's now); None for a run recorded before they were read.
+    fitness: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def date(self) -> str:
@@ -202,7 +205,8 @@ def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run
     return Run(stack=stack, folder=folder, time=_parse_time(meta.get("time")) or _parse_time(folder),
                strategy=strategy, layout=str(layout or ""), host=str(meta.get("host") or "unknown host"),
                model=str(model or info.get("served_model_name") or info.get("model_path") or "unknown model"),
-               sglang_version=version, rehearsal=rehearsal, levels=dict(sorted(by_level.items())), notes=tuple(notes))
+               sglang_version=version, rehearsal=rehearsal, levels=dict(sorted(by_level.items())), notes=tuple(notes),
+               fitness=meta.get("fitness") if isinstance(meta.get("fitness"), dict) else None)
 
 
 def load_run(folder: Path, stack: str) -> Run:

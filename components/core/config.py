@@ -35,6 +35,7 @@ from pydantic.alias_generators import to_camel
 
 from . import flags
 from .errors import ConfigError, SettingError, secret_kind, shown
+from .fitness_baseline import check_policy as check_fitness_policy
 from .profiles import PROFILES
 from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, breaks_secret_line
 from .rules import rx as _rx
@@ -626,6 +627,8 @@ class ReadinessSettings(Settings):
     generation_timeout_seconds: float = Field(60, gt=0, le=3600)
     # Once ready, the unit must stay up this long (catches crash-loops right after ready).
     settle_seconds: float = Field(1, ge=0, le=600)
+    # A start on a machine whose fitness drifted from its benchmark baseline (core/fitness_baseline.py).
+    fitness: Annotated[str, BeforeValidator(check_fitness_policy)] = "warn"
 
 
 BENCH_CLIENTS = ("venv", "rehearsal")
