@@ -315,3 +315,39 @@ def test_booting_a_host_makes_room_for_the_next_ones(rehearsal_host_factory):
     finally:
         if int(limit.read_text()) < int(before):
             limit.write_text(before)
+
+
+def test_degrading_a_running_hosts_gpus(rehearsal_host):
+    """`python -m rehearsal degrade` changes what the host's nvidia-smi answers at once, as a real
+    machine degrades without a restart; the facts script reads it as a real host's; --clear undoes it."""
+    import shlex
+
+    from components.core import facts as F
+    from components.core import fitness as FIT
+    from rehearsal import degrade
+
+    def read_fitness():
+        answer = ok(rehearsal_host, "sh -c " + shlex.quote(F.FACTS_SCRIPT) + " sh /usr/local/cuda-13.0", timeout=120)
+        return F.parse_facts(answer).fitness.gpus
+
+    def fitness_on_host() -> list[list[str]]:
+        return [FIT.gpu_degradations(g) for g in read_fitness()]
+
+    name = rehearsal_host.name
+    try:
+        degrade.degrade(name, ["1"], {"power_cap_w": 450})
+        cli = subprocess.run([sys.executable, "-m", "rehearsal", "degrade", name, "--gpu", "3,5", "--pcie", "gen4x8"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        with pytest.raises(host.RehearsalError, match="power_cap_w 9000 is outside the GPU's range 150-600 W"):
+            degrade.degrade(name, ["1"], {"power_cap_w": 9000})  # refused before the file changes
+        got = fitness_on_host()
+        assert got[1] == ["power capped at 450 W (default 600 W)"]
+        # The RTX profile's GPUs idle at P8, where a link's generation says nothing: its width does.
+        assert got[3] == got[5] == ["PCIe link x8 of x16"]
+        assert [(g.pcie_gen_current, g.pcie_width_current) for g in read_fitness()][2:6] == [(5, 16), (4, 8), (5, 16), (4, 8)]
+        assert [i for i, d in enumerate(got) if d] == [1, 3, 5]
+        assert ok(rehearsal_host, "cat /etc/rehearsal/gpu-degrade.json").count("gen4x8") == 2
+    finally:
+        degrade.clear(name)
+    assert all(d == [] for d in fitness_on_host())
