@@ -285,7 +285,7 @@ VALID = {
     ("cuda", "aptPackage"): "cuda-toolkit-13-0", ("cuda", "keyringSha256"): "0" * 64,
     ("cuda", "aptRepository"): "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",  # noqa: E501 - one literal
     ("venv", "path"): "/root/venv_sglang211", ("venv", "python"): "3.12", ("venv", "wheelhouse"): "/srv/wheels",
-    ("benchmark", "client"): "rehearsal",
+    ("benchmark", "client"): "rehearsal", ("readiness", "fitness"): "refuse",
 }
 
 

@@ -79,7 +79,7 @@ PHASES = (
 CONSEQUENCES = ("Scheduler hit an exception", "Received sigquit from a child process", "Initialization failed",
                 "During handling of the above exception")
 # The journal's own prefix (`journalctl -o short-iso`: time, host, unit[pid]:), stripped.
-_JOURNAL_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\S+ \S+ [^:\s]+(?:\[\d+\])?: ")
+_JOURNAL_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\S+ \S+ [^:\s]+(?:\[\d+\])?: ", re.ASCII)
 MAX_LINE = 240
 
 
@@ -121,7 +121,7 @@ def classify(journal: str, outcome: str = "") -> Cause:
                 return Cause(cls.key, f"{cls.label} {phase}".strip(), _cut(line))
     # Unclassified: the first line that names an error (SGLang's own consequences of it left
     # out), else what the readiness check saw.
-    named = [n for n, line in enumerate(lines) if re.search(r"(Error|Exception)\b", line)
+    named = [n for n, line in enumerate(lines) if re.search(r"(Error|Exception)\b", line, re.ASCII)
              and not any(c in line for c in CONSEQUENCES)]
     if named:
         return Cause(OTHER.key, f"{OTHER.label} {phase_of(lines, named[0])}".strip(), _cut(lines[named[0]]))

@@ -226,7 +226,7 @@ def parse_nccl(text: str) -> tuple[Optional[str], Optional[str]]:
     for line in text.splitlines():
         kind, _, what = line.strip().partition(" ")
         if kind == "system":
-            m = re.search(r"libnccl\.so\.([0-9]+(?:\.[0-9]+)+)$", what)
+            m = re.fullmatch(r".*libnccl\.so\.([0-9]+(?:\.[0-9]+)+)", what)
             return (m.group(1) if m else "unknown"), "system"
     return None, None
 
@@ -259,7 +259,7 @@ def parse_iommu(text: str) -> dict:
             lspci_uid = rest.strip()
     params = tuple(w for w in cmdline.split() if re.match(r"(intel_iommu|amd_iommu|iommu)(=|\.)", w))
     readable = lspci_uid == "0"  # lspci shows capabilities to root only
-    redirecting = sum(1 for a in acs if re.search(r"\b(SrcValid|ReqRedir)\+", a))
+    redirecting = sum(1 for a in acs if re.search(r"\b(SrcValid|ReqRedir)\+", a, re.ASCII))
     return {"iommu": None if groups is None else groups > 0, "iommu_cmdline": params,
             "acs_bridges": len(acs) if readable else None, "acs_redirecting": redirecting if readable else None}
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
+from .errors import shown
 from .fitness import GpuFitness, HostFitness
 
 # The drift check's words for this kind (as "superseded: " is for a switch by another stack).
@@ -168,9 +169,9 @@ def is_fitness_drift(value: Any) -> bool:
 
 def check_policy(value: Any) -> str:
     """`readiness.fitness`: warn (the default) or refuse; the message says what each does."""
-    if isinstance(value, str) and value.strip().lower() in POLICIES:
-        return value.strip().lower()
-    raise ValueError(f"{value!r} is not warn or refuse: warn (the default) starts on a machine whose fitness drifted "
+    if isinstance(value, str) and value in POLICIES:
+        return value
+    raise ValueError(f"{shown(value)} is not warn or refuse: warn (the default) starts on a machine whose fitness drifted "
                      "from its benchmark baseline and says what changed; refuse stops the switch before anything stops")
 
 
