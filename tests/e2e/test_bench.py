@@ -66,10 +66,18 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
         assert record["completed"] == 5 * c and record["max_concurrency"] == c
         assert record["median_ttft_ms"] > 0 and record["median_itl_ms"] > 0
 
+    # The run recorded the host's fitness as its baseline: the profile's 8 GPUs, nothing degraded.
+    from components.core import fitness as FIT
+    from components.core import fitness_baseline as FB
+    baseline = FIT.HostFitness.from_dict(tp_meta["fitness"])
+    assert len(baseline.gpus) == 8 and baseline.problems == () and FIT.degradations(baseline) == []
+    assert baseline.gpus[0].power_limit_w == 600.0 and baseline.driver_version
+
     d.stack("pp8").up(on_output=print)
     done = bench(d, "pp8")
     assert done.returncode == 0, done.stdout + done.stderr
-    _, pp = results(d, "pp8")
+    pp_meta, pp = results(d, "pp8")
+    assert FB.compare(tp_meta["fitness"], pp_meta["fitness"]) == []  # the same machine: comparable
     print({c: (tp[c]["output_throughput"], pp[c]["output_throughput"]) for c in tp})
     # PP wins one stream, TP wins concurrency (PCIe), as on the seed's host
     assert pp[1]["output_throughput"] > tp[1]["output_throughput"]
