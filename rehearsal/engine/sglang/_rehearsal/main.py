@@ -29,6 +29,7 @@ import time
 
 from sglang.version import __version__
 from sglang._rehearsal import args as cli
+from sglang._rehearsal import checkpoint
 from sglang._rehearsal import gpus as gpu_mod
 from sglang._rehearsal import rendezvous as rdv
 from sglang._rehearsal import rules
@@ -418,6 +419,7 @@ class Engine:
             oom = refusal  # real CUDA OOMs surface partway through loading
         load_seconds = self.load_seconds()
         log.info(f"Load weight begin. avail mem={min(free) / GiB:.2f} GB", rank=True)
+        shards = checkpoint.check(args.model_path)  # every shard there and whole, or SGLang's failure
         if self.fault == "hang_during_load":
             self.wait(None)
         if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join") or oom:
@@ -430,6 +432,7 @@ class Engine:
             raise Refusal("load", "RuntimeError",
                           f"CUDA error: an illegal memory access was encountered (rehearsal fault {self.fault})")
         self.wait(load_seconds)
+        log.info(checkpoint.progress_line(shards), rank=True)
         _, pp_ranks = rules.node_ranks(args)
         # This node's GPUs hold its own pipeline stages only.
         weights = max(self.plan.weights_per_gpu[s] for s in pp_ranks)
