@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.standins.helpers import ENGINE_SRC, MODELS, NVIDIA_SMI, PROFILES, Engine, free_port, model_dir
+from tests.standins.helpers import ENGINE_SRC, NVIDIA_SMI, PROFILES, Engine, free_port, model_dir
 
 
 @pytest.fixture
