@@ -94,6 +94,10 @@ def _plan(config: dict, shards: int, shard_bytes: int) -> list[list[tuple[str, l
         part = names[k * per:(k + 1) * per] or [(f"model.rehearsal_pad_{k}.weight", True)]
         flat = sum(1 for _, two_d in part if not two_d) * hidden * BF16
         two = sum(1 for _, two_d in part if two_d)
+        floor = flat + two * hidden * BF16
+        if shard_bytes < floor:
+            raise ValueError(f"{shards} shards of {shard_bytes:,} bytes cannot hold the model's tensors (one row of "
+                             f"{hidden} each): give at least {floor:,} bytes a shard, or more shards")
         # The shard's rows shared out, the first tensors one row more: the shard comes within a
         # row (hidden_size x 2 bytes) of the size asked for.
         rows, extra = divmod(max(shard_bytes - flat, 0) // (hidden * BF16), max(two, 1))

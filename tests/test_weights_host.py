@@ -22,7 +22,7 @@ SHARDS = [checkpoint.shard_name(k, 3) for k in (1, 2, 3)]
 @pytest.fixture(scope="module")
 def source(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("source") / "kimi-k2.6"
-    checkpoint.write(d, shards=3, shard_bytes=300_000, seed=3)
+    checkpoint.write(d, shards=3, shard_bytes=2_000_000, seed=3)
     return d
 
 
