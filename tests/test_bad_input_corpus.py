@@ -278,7 +278,7 @@ VALID = {
     ("host", "privateKeyPath"): "/root/.ssh/id_ed25519",
     ("model", "profile"): "kimi-k2.6", ("model", "name"): "kimi-k2.6", ("model", "path"): "/models/kimi-k2.6",
     ("model", "servedName"): "kimi-k2.6",
-    ("model", "source"): f"hub:moonshotai/Kimi-K2-Instruct@{PINNED}", ("model", "hubEndpoint"): "http://10.0.0.5:8080",
+    ("model", "source"): "verify", ("model", "hubEndpoint"): "http://10.0.0.5:8080",
     ("strategy", "name"): "tp8", ("strategy", "moeA2aBackend"): "none",
     ("strategy", "nodeNetwork"): "tcp", ("strategy", "socketInterface"): "eth0",
     ("serving", "host"): "0.0.0.0", ("serving", "attentionBackend"): "fa3", ("serving", "grammarBackend"): "xgrammar",

@@ -27,6 +27,10 @@ from .rules import NAMESPACE, rx
 MAX_SOURCE = 1200
 MAX_ENDPOINT = 512
 KINDS = ("verify", "host", "local", "hub")
+# The sources this version stages. The others are parsed and checked in full (a stack file
+# written now stays valid), then refused: nothing would copy the checkpoint yet
+# (docs/weights-design.md), and a setting that would do nothing is refused, not ignored.
+STAGED = ("verify",)
 
 _NAME = rx(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PATH = rx(r"/[A-Za-z0-9_./+-]*")
@@ -178,6 +182,10 @@ def check(model, hosts: tuple, system_dirs, exists: Callable[[str], bool] = os.p
         elif not is_file(os.path.join(source.path, "config.json")):
             errors.append(SettingError(where, f"{source.path} holds no config.json: not a checkpoint directory",
                                        "name the directory that holds config.json and the *.safetensors shards"))
+    if source.kind not in STAGED and not any(e.setting == where for e in errors):
+        errors.append(SettingError(where, f"{source.kind}: sources are checked but not staged by this version: nothing "
+                                   "would copy the checkpoint to the host (docs/weights-design.md)", "copy the checkpoint "
+                                   f"to model.path ({model.path}) on every host yourself and leave model.source at verify"))
     if source.writes and model.path in system_dirs:
         errors.append(SettingError(f"{NAMESPACE}:model.path", f"{model.path} is a system directory and model.source "
                                    f"{source.kind}: writes the checkpoint there", "give the checkpoint a directory of "

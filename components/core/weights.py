@@ -26,9 +26,11 @@ GB = 1_000_000_000
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # What a host-side tool leaves in the directory and no checkpoint holds: huggingface_hub's
-# local_dir metadata (.cache/huggingface/), our own partial files.
+# local_dir metadata (.cache/huggingface/), the staging's partial files (.cache/gpu-serving/
+# partial/<path>: a file is written there and renamed into place when whole, so a server that
+# has the old one mapped keeps it, and a cut transfer resumes from it).
 TOOL_DIR = ".cache"
-PARTIAL_SUFFIX = ".partial"
+PARTIAL_DIR = ".cache/gpu-serving/partial/"
 SHA256 = re.compile(r"\A[0-9a-f]{64}\Z", re.ASCII)
 # A path inside a checkpoint: relative, '/'-separated, no '.' or '..' segment, no character a
 # command line or a message would read specially. Hub repositories use these characters.
@@ -114,7 +116,7 @@ class Manifest:
 
 
 def _is_checkpoint_file(path: str) -> bool:
-    return not (path == TOOL_DIR or path.startswith(TOOL_DIR + "/") or path.endswith(PARTIAL_SUFFIX))
+    return not (path == TOOL_DIR or path.startswith(TOOL_DIR + "/"))
 
 
 def manifest_from_listing(source: str, entries: Iterable[dict]) -> Manifest:
@@ -170,7 +172,7 @@ class HostRead:
     directory: str
     exists: bool
     files: dict = field(default_factory=dict)        # path -> Seen (tool files left out)
-    partials: dict = field(default_factory=dict)     # path -> bytes already in <path>.partial
+    partials: dict = field(default_factory=dict)     # path -> bytes already in its partial file
     index_shards: Optional[tuple] = None             # the shards the index names; None: no index
     index_error: Optional[str] = None
     headers: dict = field(default_factory=dict)      # shard -> size its header declares, or an error text
@@ -182,8 +184,8 @@ def parse_read(stdout: str) -> HostRead:
     d = json.loads(stdout.strip().splitlines()[-1])
     files, partials = {}, {}
     for path, (size, mtime_ns, ino) in d.get("files", {}).items():
-        if path.endswith(PARTIAL_SUFFIX):
-            partials[path[:-len(PARTIAL_SUFFIX)]] = int(size)
+        if path.startswith(PARTIAL_DIR):
+            partials[path[len(PARTIAL_DIR):]] = int(size)
         elif _is_checkpoint_file(path):
             files[path] = Seen(int(size), int(mtime_ns), int(ino))
     shards = d.get("index_shards")
@@ -329,8 +331,8 @@ def repair(manifest: Manifest, problems: list[Problem]) -> Repair:
 
 def space_needed(fetch: Repair, read: HostRead) -> int:
     """Bytes the host must still find for `fetch`: each file's size, less what its partial file
-    already holds (a resumed transfer continues it) and, for a file rewritten in place, what the
-    old copy frees when it is replaced (kept until then, so not counted)."""
+    already holds (a resumed transfer continues it). A wrong copy in place is freed only when the
+    new one is renamed over it, so it does not count as room."""
     return sum(max(f.size - read.partials.get(f.path, 0), 0) for f in fetch.files)
 
 
