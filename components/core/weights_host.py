@@ -142,7 +142,7 @@ if __name__ == "__main__":
         pending = pool.imap_unordered(one, order)
         while done < len(paths):
             try:
-                r = pending.next(timeout=min(every, 1.0))
+                r = pending.next(timeout=min(max(every, 0.05), 1.0))  # never a busy loop
             except mp.TimeoutError:
                 r = None
             if r is not None:
