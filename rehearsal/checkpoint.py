@@ -43,7 +43,7 @@ BF16 = 2
 # Written per piece, so a 4 GB shard never sits in memory whole.
 PIECE = 64 << 20
 # Bumped when the layout written here changes (it keys the cached default stand-ins).
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 
 
 def shard_name(k: int, n: int) -> str:
@@ -125,6 +125,14 @@ def write(dest: Path, model: str = "kimi-k2.6", *, shards: int = DEFAULT_SHARDS,
         if f.is_file() and f.name != "README.md":
             shutil.copyfile(f, dest / f.name)
             written[f.name] = f.stat().st_size
+    declared = dest / "rehearsal-checkpoint.json"
+    if declared.is_file():
+        # Said to the engine: these shards stand for the declared checkpoint_bytes (its start-time
+        # model, loading.py, counts those while it reads these).
+        d = json.loads(declared.read_text())
+        d["stand_in"] = {"seed": seed, "shards": shards, "shard_bytes": shard_bytes}
+        declared.write_text(json.dumps(d, indent=2) + "\n")
+        written[declared.name] = declared.stat().st_size
     weight_map, total = {}, 0
     for k, tensors in enumerate(_plan(config, shards, shard_bytes), start=1):
         name = shard_name(k, shards)

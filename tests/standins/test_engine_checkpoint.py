@@ -64,7 +64,8 @@ def test_one_seed_makes_the_same_bytes_another_makes_other_weights_of_the_same_s
     assert digests(again) == digests(standin)
     assert {p.name: p.stat().st_size for p in other.iterdir()} == {p.name: p.stat().st_size for p in standin.iterdir()}
     differ = {n for n, h in digests(other).items() if h != digests(standin)[n]}
-    assert differ == set(SHARDS)  # the weights differ, the model's files and the index do not
+    # The weights differ (and the seed recorded beside them); the model's files and the index do not.
+    assert differ == set(SHARDS) | {"rehearsal-checkpoint.json"}
 
 
 def test_shard_sizes_follow_the_size_asked(tmp_path):
@@ -129,3 +130,36 @@ def test_a_complete_stand_in_loads_and_serves(launch, model):
     engine.wait_ready()
     assert "Loading safetensors checkpoint shards: 100% Completed | 4/4" in engine.log
     assert port_open(engine.port) and engine.get("/health_generate")[0] == 200
+
+
+def test_under_the_start_time_model_a_stand_ins_shards_count_as_its_declared_checkpoint(launch, engine_env, model):
+    """The stand-in's shards are MBs standing for 590 GiB: the start-time model (loading.py) reads
+    them for real and counts the declared checkpoint_bytes, cold then warm by their page-cache
+    share, as it did for the stand-ins without shards."""
+    import os
+    import re
+    for shard in SHARDS:
+        fd = os.open(model / shard, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    declared = json.loads((model / "rehearsal-checkpoint.json").read_text())
+    assert declared["stand_in"] == {"seed": 11, "shards": 4, "shard_bytes": 1_500_000}
+    gib = declared["checkpoint_bytes"] / (1 << 30)
+    env = engine_env(REHEARSAL_LOAD_SECONDS="", REHEARSAL_DISK_MIB_S=str(declared["checkpoint_bytes"] / (1 << 20) / 2),
+                     REHEARSAL_PAGE_CACHE_MIB_S=str(declared["checkpoint_bytes"] / (1 << 20) * 10),
+                     REHEARSAL_INIT_SECONDS="0", REHEARSAL_GRAPH_SECONDS="0", REHEARSAL_GRAPH_WARM_SECONDS="0",
+                     TRITON_CACHE_DIR=str(model.parent / "triton"))
+    lines = []
+    for _ in range(2):
+        engine = launch("--tp-size", "8", model=str(model), env=env)
+        engine.wait_ready(30)
+        lines.append(next(line for line in engine.log.splitlines() if "rehearsal: load model:" in line))
+        assert engine.terminate() == 0
+    cold, warm = lines
+    assert f"{gib:.2f} GiB checkpoint, 0.00 GiB in the page cache" in cold and re.search(r"-> load 2\.0\d s", cold), cold
+    assert "stand-in shards" in cold and "counted as the declared checkpoint_bytes" in cold
+    resident = float(re.search(r"([0-9.]+) GiB in the page cache", warm).group(1))
+    assert resident > 0.99 * gib and re.search(r"-> load 0\.1\d s", warm), warm  # all but the last pages
