@@ -26,11 +26,11 @@ from typing import Optional
 
 KEEP = 10  # starts remembered per host and layout
 MARKERS = {
-    "load_begin": re.compile(r"Load weight begin\b"),
-    "load_end": re.compile(r"Load weight end\b"),
-    "kv": re.compile(r"KV Cache is allocated\b"),
-    "graph_begin": re.compile(r"Capture .*?(cuda|CUDA) graph begin\b"),
-    "graph_end": re.compile(r"Capture .*?(cuda|CUDA) graph end\b"),
+    "load_begin": re.compile(r"Load weight begin\b", re.ASCII),
+    "load_end": re.compile(r"Load weight end\b", re.ASCII),
+    "kv": re.compile(r"KV Cache is allocated\b", re.ASCII),
+    "graph_begin": re.compile(r"Capture .*?(cuda|CUDA) graph begin\b", re.ASCII),
+    "graph_end": re.compile(r"Capture .*?(cuda|CUDA) graph end\b", re.ASCII),
     "ready": re.compile(r"The server is fired up and ready to roll!"),
 }
 LOAD_ELAPSED = re.compile(r"Load weight end\. elapsed=([0-9.]+) s")

@@ -205,11 +205,14 @@ def load_weights(engine) -> float:
     return engine.clock() - began
 
 
-def capture_graphs(engine, avail_gib: float) -> None:
-    """SGLang's CUDA graph capture lines, with the model's time between them when it is on."""
+def capture_graphs(engine, avail_gib: float, during=None) -> None:
+    """SGLang's CUDA graph capture lines, with the model's time between them when it is on;
+    `during`: what fails inside the capture (DeepEP's NVLink check), called after its first line."""
     log = engine.log
     began = engine.clock()
     log.info(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail_gib:.2f} GB", rank=True)
+    if during is not None:
+        during()
     p = engine.load_plan
     if p is not None:
         engine.wait(p.graph_seconds)

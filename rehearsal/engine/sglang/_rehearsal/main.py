@@ -40,7 +40,7 @@ from sglang._rehearsal import rendezvous as rdv
 from sglang._rehearsal import rules
 from sglang._rehearsal.ranks import DpRanks
 from sglang._rehearsal.shutdown import Shutdown
-from sglang._rehearsal.performance import Layout, PerformanceModel, interconnect_from_topology
+from sglang._rehearsal.performance import Layout, PerformanceModel, interconnect_from_topology, pair_without_nvlink
 from sglang._rehearsal.rules import GiB, MiB, Refusal
 from sglang._rehearsal.server import DummyHealthServer, EngineHTTPServer, new_request_id, serve
 
@@ -260,14 +260,17 @@ class Engine:
                     if step < r["completion_tokens"]:
                         self.emit_token(r)
 
-    def read_interconnect(self) -> str:
+    def read_topology(self) -> str:
+        """``nvidia-smi topo -m`` ("" when it cannot be read: no NVLink is then assumed)."""
         binary = self.env.get("REHEARSAL_NVIDIA_SMI") or "nvidia-smi"
         try:
             proc = subprocess.run([binary, "topo", "-m"], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            return "pcie"
-        return interconnect_from_topology(proc.stdout if proc.returncode == 0 else "",
-                                          [g.index for g in self.used_gpus])
+            return ""
+        return proc.stdout if proc.returncode == 0 else ""
+
+    def read_interconnect(self) -> str:
+        return interconnect_from_topology(self.read_topology(), [g.index for g in self.used_gpus])
 
     def after_request(self):
         with self.lock:
@@ -452,8 +455,16 @@ class Engine:
         avail = min(free) - weights - kv_size
         log.info(f"Memory pool end. avail mem={avail / GiB:.2f} GB", rank=True)
         self.write_usage(weights + kv_size)
-        if not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled":
-            loading.capture_graphs(self, avail / GiB)
+        graphs = not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled"
+        a2a_check = None
+        if args.moe_a2a_backend in rules.NVLINK_A2A:
+            # SGLang makes DeepEP's buffer at the first MoE dispatch: the graph capture (or the warmup).
+            def a2a_check():
+                rules.check_a2a_links(args, pair_without_nvlink(self.read_topology(), [g.index for g in self.used_gpus]))
+        if graphs:
+            loading.capture_graphs(self, avail / GiB, during=a2a_check)
+        elif a2a_check is not None:
+            a2a_check()
         log.info(f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={args.chunked_prefill_size}, "
                  f"max_prefill_tokens={args.max_prefill_tokens}, max_running_requests={plan.max_running_requests}, "
                  f"context_len={args.context_length}, available_gpu_mem={avail / GiB:.2f} GB", rank=True)
