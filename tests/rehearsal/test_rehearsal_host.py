@@ -154,6 +154,34 @@ def test_model_stand_in_is_mounted_read_only(rehearsal_host):
     assert proc.returncode != 0 and "Read-only file system" in proc.stderr
 
 
+def test_the_model_directory_is_a_checkpoint_the_host_scripts_read_with_its_own_python3(rehearsal_host):
+    """/models/<model> holds the stand-in checkpoint (rehearsal/checkpoint.py), and the weights
+    scripts (components/core/weights_host.py) run on the host's own python3 (Debian's), as the
+    provider will run them: the cheap read finds it complete, the verifier's sums are this
+    machine's sums of the same files."""
+    import hashlib
+    import shlex
+
+    from components.core import weights as W
+    from components.core import weights_host as WH
+    from rehearsal.checkpoint import standin
+
+    def remote(request: dict) -> subprocess.CompletedProcess:
+        return rehearsal_host.run(shlex.join(request["argv"]), timeout=request["timeout"])
+
+    read = remote(WH.read_checkpoint("/models/kimi-k2.6"))
+    assert read.returncode == 0, read.stderr
+    r = W.parse_read(read.stdout)
+    assert r.index_shards and W.check_copy(r) == []
+    local = standin("kimi-k2.6")
+    assert set(r.files) == {p.name for p in local.iterdir()}
+    proc = remote(WH.verify_checkpoint("/models/kimi-k2.6", sorted(r.files), every=0))
+    assert proc.returncode == 0, proc.stderr
+    sums = {a["path"]: a["sha256"] for a in map(json.loads, proc.stdout.splitlines()) if "sha256" in a}
+    assert sums == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir()}
+    assert WH.parse_progress(proc.stderr.splitlines()[-1])["files"] == len(sums)
+
+
 def test_up_is_idempotent(rehearsal_host):
     t0 = time.monotonic()
     again = host.up(rehearsal_host.name)

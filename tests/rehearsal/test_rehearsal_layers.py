@@ -15,8 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "rehearsal"
 
 # floor of each module of the host's lifecycle; a module may import only lower floors
-FLOORS = {"common": 0, "network": 1, "rootfs": 1, "machine": 2, "host": 3, "degrade": 3, "__main__": 4,
-          "__init__": 4}
+FLOORS = {"common": 0, "network": 1, "rootfs": 1, "checkpoint": 1, "hub": 1, "machine": 2, "host": 3, "degrade": 3,
+          "__main__": 4, "__init__": 4}
 
 
 def rehearsal_imports(path: Path) -> set[str]:
