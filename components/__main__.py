@@ -5,7 +5,8 @@
 ``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG.
 ``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates).
 ``python -m components bench --stack NAME``: SGLang's serving benchmark on the host, results in results/bench/.
-``python -m components watch --stacks tp8,pp8,ep8 [--every 10m] [--once]``: the drift watch (status.json, a Prometheus file)."""
+``python -m components watch --stacks tp8,pp8,ep8 [--every 10m] [--once]``: the drift watch (status.json, a Prometheus file).
+``python -m components ledger [list|clear]``: the failed starts recorded, and why (the failure ledger)."""
 from __future__ import annotations
 
 import argparse
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from . import compare
 from . import advise_cli
+from . import ledger_cli
 from . import watch
 from .core.config import parse_settings
 from .core.errors import ConfigError
@@ -171,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_parser(sub)
     advise_cli.add_parser(sub)
     watch.add_parser(sub)
+    ledger_cli.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -186,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return watch.run(args)
     if args.command == "advise":
         return advise_cli.run(args)
+    if args.command == "ledger":
+        return ledger_cli.run(args)
     if args.command in ("rehearsal-hosts", "real-hosts"):
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))

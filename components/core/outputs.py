@@ -5,8 +5,9 @@ output keeps what a reader of it needs, on as few lines as the engine prints it:
 
 - `host`: the facts as HostFacts.as_dict gives them (what `advise --facts` reads: gpu_count,
   gpu_memory_mib, gpu_models, interconnect), with the per-GPU details as one line of text (index,
-  bus id, UUID, and a name, memory or driver that differs from the first GPU's): the engine's
-  display cuts a long line at 150 characters, `pulumi stack output host` prints all of it;
+  bus id, UUID, and a name, memory or driver that differs from the first GPU's) and any nested
+  object (the fitness facts, 30 fields a GPU) as one line of `key=value` text: the engine's display
+  cuts a long line at 150 characters, `pulumi stack output host` prints all of it;
 - `memory`: the figures the plan computes (not the settings it echoes), a line for each run of
   pipeline stages with the same figures when there are several, the nodes of a multi-node layout; its warnings are said as warnings,
   once a command (run_kind.py), and `python -m components plan --stack <s>` has the whole plan;
@@ -45,12 +46,30 @@ def gpus_line(gpus: list[dict]) -> str:
     return "; ".join(parts)
 
 
+def one_line(value: Any) -> str:
+    """A nested value as one line of text: `key=value` pairs (empty ones left out) for an object,
+    `; ` between the objects of a list."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={one_line(v)}" for k, v in value.items() if v not in (None, "", [], (), {}))
+    if isinstance(value, (list, tuple)):
+        return ("; " if any(isinstance(v, dict) for v in value) else ",").join(one_line(v) for v in value)
+    return _number(value)
+
+
 def host_output(facts: Optional[dict]) -> Optional[dict]:
-    """The stack output `host` from the host facts (HostFacts.as_dict)."""
+    """The stack output `host` from the host facts (HostFacts.as_dict): the summary fields as they
+    are, the per-GPU details (`gpus`) and any other object (the fitness facts: power, clocks, PCIe,
+    ECC a GPU, NCCL, IOMMU) as one line of text each."""
     if not isinstance(facts, dict):
         return facts
-    out = {k: v for k, v in facts.items() if k != "gpus"}
-    out["gpus"] = gpus_line([g for g in facts.get("gpus") or [] if isinstance(g, dict)])
+    out: dict[str, Any] = {}
+    for key, value in facts.items():
+        if key == "gpus":
+            out[key] = gpus_line([g for g in value or [] if isinstance(g, dict)])
+        elif isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict) for v in value)):
+            out[key] = one_line(value)
+        else:
+            out[key] = value
     return out
 
 
