@@ -5,9 +5,12 @@ output keeps what a reader of it needs, on as few lines as the engine prints it:
 
 - `host`: the facts as HostFacts.as_dict gives them (what `advise --facts` reads: gpu_count,
   gpu_memory_mib, gpu_models, interconnect), with the per-GPU details as one line of text (index,
-  bus id, UUID, and a name, memory or driver that differs from the first GPU's) and any nested
-  object (the fitness facts, 30 fields a GPU) as one line of `key=value` text: the engine's display
-  cuts a long line at 150 characters, `pulumi stack output host` prints all of it;
+  bus id, UUID, and a name, memory or driver that differs from the first GPU's) and any other
+  nested object as one line of `key=value` text: the engine's display cuts a long line at 150
+  characters, `pulumi stack output host` prints all of it. Not the fitness facts (core/fitness.py):
+  30 fields a GPU, some of them readings that move from one second to the next (the clocks now,
+  the performance state), so every `up` would print the output as changed; they stay in the
+  host-facts resource's state and in each benchmark run's meta.json (docs/fitness.md);
 - `memory`: the figures the plan computes (not the settings it echoes), a line for each run of
   pipeline stages with the same figures when there are several, the nodes of a multi-node layout; its warnings are said as warnings,
   once a command (run_kind.py), and `python -m components plan --stack <s>` has the whole plan;
@@ -18,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+# Host facts left out of the stack output `host` (see the module's docstring).
+NOT_IN_HOST_OUTPUT = ("fitness",)
 # The memory plan's own figures, in the order shown (the rest are the settings it was given).
 MEMORY_FIGURES = ("weights_gb", "kv_pool_gb", "kv_bytes_per_token", "max_total_tokens", "static_budget_gb", "token_demand")
 
@@ -50,7 +55,8 @@ def one_line(value: Any) -> str:
     """A nested value as one line of text: `key=value` pairs (empty ones left out) for an object,
     `; ` between the objects of a list."""
     if isinstance(value, dict):
-        return " ".join(f"{k}={one_line(v)}" for k, v in value.items() if v not in (None, "", [], (), {}))
+        # Sorted: the engine hands an object's keys back in no fixed order.
+        return " ".join(f"{k}={one_line(v)}" for k, v in sorted(value.items()) if v not in (None, "", [], (), {}))
     if isinstance(value, (list, tuple)):
         return ("; " if any(isinstance(v, dict) for v in value) else ",").join(one_line(v) for v in value)
     return _number(value)
@@ -58,12 +64,14 @@ def one_line(value: Any) -> str:
 
 def host_output(facts: Optional[dict]) -> Optional[dict]:
     """The stack output `host` from the host facts (HostFacts.as_dict): the summary fields as they
-    are, the per-GPU details (`gpus`) and any other object (the fitness facts: power, clocks, PCIe,
-    ECC a GPU, NCCL, IOMMU) as one line of text each."""
+    are, the per-GPU details (`gpus`) and any other nested object as one line of text each, the
+    fitness facts left out (see the module's docstring)."""
     if not isinstance(facts, dict):
         return facts
     out: dict[str, Any] = {}
-    for key, value in facts.items():
+    for key, value in sorted(facts.items()):
+        if key in NOT_IN_HOST_OUTPUT:
+            continue
         if key == "gpus":
             out[key] = gpus_line([g for g in value or [] if isinstance(g, dict)])
         elif isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict) for v in value)):
