@@ -10,7 +10,7 @@ from pulumi.runtime import config as runtime_config
 
 from .core.config import StackSettings
 from .remote.ssh import rehearsal_info
-from .resources import HostFacts
+from .resources import HostFacts, wait_in_children
 
 
 @dataclass
@@ -25,6 +25,11 @@ class GpuHostArgs:
     # The setting that declares a machine outside gpu-serving:host and :hosts (the router's own
     # machine: "gpu-serving:router.host"), for the messages.
     setting: str = ""
+
+
+def not_running(rehearsal: str, entry: str = "gpu-serving:host") -> str:
+    return (f"the rehearsal host {rehearsal!r} is not running: start it with `python -m rehearsal up {rehearsal}` "
+            f"(or set {entry}.address)")
 
 
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]]:
@@ -42,10 +47,10 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]
     if h.is_rehearsal:
         info = rehearsal_info(h.rehearsal)
         if info is None:
-            # Preview still works without the host; `up` stops with this sentence.
+            # One host: preview still works without it, and `up` stops with this sentence. A fleet's
+            # or a multi-node stack's run stops before anything changes (fleet_check.py).
             conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
-                    "unavailable": f"the rehearsal host {h.rehearsal!r} is not running: start it with "
-                                   f"`python -m rehearsal up {h.rehearsal}` (or set gpu-serving:host.address)", **shared}
+                    "unavailable": not_running(h.rehearsal, entry), **shared}
             return pulumi.Output.secret(conn), conn["host"], None
         key = Path(info["private_key"]).read_text()
         conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
@@ -87,6 +92,8 @@ class GpuHost(pulumi.ComponentResource):
     facts: pulumi.Output[dict]
 
     def __init__(self, name: str, args: GpuHostArgs, needed_gpus: int, opts: Optional[pulumi.ResourceOptions] = None):
+        # Its facts wait for what the caller named (a refused run's check: fleet_check.py).
+        opts, after = wait_in_children(opts)
         super().__init__("gpu-serving:index:GpuHost", name, {}, opts)
         s = args.settings
         self.connection, self.address, plain = connection_of(args)
@@ -102,6 +109,6 @@ class GpuHost(pulumi.ComponentResource):
             # Plumbing (which reads to start ahead), shown as one opaque value, not six blocks.
             "prefetch": pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
             **({"hostEntry": args.entry} if args.entry else {}),
-        }, pulumi.ResourceOptions(parent=self))
+        }, pulumi.ResourceOptions(parent=self, depends_on=after))
         self.facts = self.facts_resource.facts
         self.register_outputs({"facts": self.facts})
