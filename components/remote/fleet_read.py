@@ -33,7 +33,7 @@ def read_host(spec: dict) -> roll_plan.HostNow:
         text = ssh.fetch(t, reads.serving(with_environ=True)).stdout
         error = ""
     except ssh.RemoteError as exc:
-        text, error = None, _one_line(exc)
+        text, error = None, _one_line(exc).removeprefix(f"hosts[{spec['name']}]: ")
     return roll_plan.host_now(spec["name"], spec["url"], text, unit=spec["unit"], declared_argv=list(spec["execStart"]),
                               declared_environment=dict(spec.get("environment") or {}),
                               secret_keys=list(spec.get("secretKeys") or []), error=error)

@@ -174,29 +174,24 @@ def _clean_errors_in_provider_process() -> None:
     Pulumi's dynamic-provider server reports any exception as `traceback.format_exc()`, which
     buries "readiness: timed_out ..." under frames of our code. In that process only (its
     __main__ is pulumi.dynamic's server), errors we raise on purpose are shown by their message;
-    anything else keeps its full traceback, as a bug should.
+    anything else keeps its full traceback, as a bug should. The traceback module's own function
+    is replaced (the server looks it up at each error) and asks at each error which process it is
+    in: with warm starts this module is imported in the warm process, before its fork runs the
+    server as __main__, and the server's errors all came with their traceback (issue 36.12).
     """
     import traceback
-    main = sys.modules.get("__main__")
-    if getattr(main, "__spec__", None) is None or main.__spec__.name != "pulumi.dynamic.__main__":
+    if getattr(traceback.format_exc, "gpu_serving", False):
         return
-    if getattr(getattr(main, "traceback", None), "gpu_serving", False):
-        return
+    original = traceback.format_exc
 
-    class _Traceback:
-        gpu_serving = True
+    def format_exc(*args, **kwargs):
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if isinstance(sys.exc_info()[1], (DeployError, ssh.RemoteError)) and getattr(spec, "name", "") == "pulumi.dynamic.__main__":
+            return str(sys.exc_info()[1])
+        return original(*args, **kwargs)
 
-        def __getattr__(self, name):
-            return getattr(traceback, name)
-
-        @staticmethod
-        def format_exc(*args, **kwargs):
-            exc = sys.exc_info()[1]
-            if isinstance(exc, (DeployError, ssh.RemoteError)):
-                return str(exc)
-            return traceback.format_exc(*args, **kwargs)
-
-    main.traceback = _Traceback()
+    format_exc.gpu_serving = True
+    traceback.format_exc = format_exc
 
 
 _clean_errors_in_provider_process()

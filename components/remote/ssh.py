@@ -304,7 +304,9 @@ def _connect(t: Target) -> paramiko.SSHClient:
             if pause is None or time.monotonic() - start + pause >= 2 * t.connect_timeout:
                 break
             time.sleep(pause)
-    raise Unreachable(f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
+    # A fleet's entry first (`hosts[gpu3]: `), as the providers' own errors name it.
+    raise Unreachable(f"{t.entry + ': ' if t.entry.startswith('hosts[') else ''}"
+                      f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
                       f"({type(last).__name__}: {last or 'no answer'}); is the host up and sshd listening?")
 
 
