@@ -16,6 +16,7 @@ from .core.errors import ConfigError
 from .core.plan import ServingPlan, check_stack
 from .core.reads import refresh_reads
 from .core.stack_config import RawConfig, from_engine
+from .core.unit import routed_by
 from .cuda import CudaToolkit
 from .fleet_check import FleetCheck, check_fleet
 from . import gpu_host, pulumi_sdk, serving_unit
@@ -95,6 +96,7 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
             member = pulumi.Output.all(router_host.connection, admin_key).apply(lambda a, url=urls[name]: {
                 "connection": a[0], "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": a[1],
                 "workerUrl": url, "drainTimeout": settings.rollout.drain_timeout_seconds, "readyTimeout": r.ready_timeout_seconds,
+                "routedBy": routed_by(settings),
                 # Serves as declared but out of the router: its update puts it back (no restart).
                 **({"rejoin": True} if name in rejoin else {})})
             outputs[name] = deploy_host(name, plan, private_key, secret_env,

@@ -94,3 +94,37 @@ def test_a_host_whose_address_is_not_known_stops_the_run_naming_it():
                                            "`python -m rehearsal up w2c` (or set hosts[w2c].address)")])
     assert text.startswith("nothing was changed: hosts[w2c]: the rehearsal host 'w2c' is not running")
     assert "\n" not in text
+
+
+def test_a_stack_without_that_router_may_not_stop_a_fleet_member():
+    """Issue 36.7: the one-host `ep8` stack switched a host that serves as a routed member of a fleet,
+    with no drain and no warning. The member's unit names its router (X-GpuServing-RoutedBy, read by
+    the switch preview's own read): a stack without that router is refused, naming the unit, its
+    stack and the router, before anything stops; the fleet's own stacks switch it as ever."""
+    from components.core.status import parse_serving
+
+    stdout = json.loads((STATUS / "switch-tp8-to-ep8.json").read_text())["stdout"]
+    routed = stdout.replace("Stack=tp8\n", "Stack=tp8\nRoutedBy=gpu-serving-router:30080\n")
+    member = parse_serving(routed).serving
+    assert member[0].routed_by == "gpu-serving-router:30080"
+    text = roll.stops_a_routed_server(member, "sglang-kimi-k2.6-ep8.service", "", who="", where="10.213.3.2")
+    assert text.startswith("the switch to sglang-kimi-k2.6-ep8.service is refused before anything stops: "
+                           "sglang-kimi-k2.6-tp8.service (stack tp8) serves on 10.213.3.2 as a member of a fleet behind "
+                           "SGLang's router gpu-serving-router:30080"), text
+    assert "declares no router" in text and "gpu-serving:hosts" in text and "\n" not in text
+    assert "declares another router" in roll.stops_a_routed_server(member, "u", "gpu-serving-router:30081", who="", where="h")
+    assert roll.stops_a_routed_server(member, "u", "gpu-serving-router:30080", who="", where="h") is None
+    assert roll.stops_a_routed_server(parse_serving(stdout).serving, "u", "", who="", where="h") is None
+
+
+def test_a_fleet_members_unit_names_its_router_and_a_one_host_unit_does_not():
+    from components.core.config import parse_settings
+    from components.core.unit import ROUTED_KEY, render_unit
+
+    fleet = parse_settings("tp8", {"model": {"profile": "kimi-k2.6"}, "strategy": {"tpSize": 8},
+                                   "hosts": [{"name": "gpu1", "rehearsal": "a"}, {"name": "gpu2", "rehearsal": "b"}],
+                                   "router": {"runsOn": "gpu1", "port": 30081}})
+    for _, settings in fleet.per_host():
+        assert f"\n{ROUTED_KEY}=gpu-serving-router:30081\n" in render_unit(settings).text
+    one = parse_settings("tp8", {"model": {"profile": "kimi-k2.6"}, "strategy": {"tpSize": 8}})
+    assert ROUTED_KEY not in render_unit(one).text

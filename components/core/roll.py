@@ -221,12 +221,11 @@ def plan(hosts: list[HostNow], router: RouterNow, target: str, *, max_unavailabl
                       + ". Bring another host back, or add one to gpu-serving:hosts, or remove gpu-serving:router to "
                         "switch in place (nothing serves while it loads)")
         else:
-            counted = "; ".join(f"{_entry(n)}: {w}" for n, w in stuck.items()) or ""
-            counted = "; ".join(p for p in (counted, "; ".join(f"{u} {w}" for u, w in leaving.items())) if p)
-            reason = (f"out of service already and not brought back by this run: {counted}. With "
-                      f"{_entry(todo[0])} taken out as well, {len(out) + 1} would be out at once, more than "
-                      f"gpu-serving:rollout.maxUnavailable ({max_unavailable}). Bring them back (or take them out of "
-                      "gpu-serving:hosts in an `up` of their current strategy first), or raise rollout.maxUnavailable")
+            counted = "; ".join([f"{_entry(n)} ({w})" for n, w in stuck.items()] + [f"{u} ({w})" for u, w in leaving.items()])
+            reason = (f"{counted} {'counts' if len(out) == 1 else 'count'} against gpu-serving:rollout.maxUnavailable "
+                      f"({max_unavailable}): with {_entry(todo[0])} taken out as well, {len(out) + 1} would be out of the "
+                      "router at once. Bring the hosts out of service back, let a host leave in one `up` and switch in the "
+                      "next, or raise rollout.maxUnavailable")
         return RollPlan((), size, unavailable=unavailable, refused=f"{head}: {reason}")
     step = max(1, size)
     batches = ((tuple(first),) if first else ()) + tuple(tuple(todo[i:i + step]) for i in range(0, len(todo), step))
@@ -248,6 +247,24 @@ def unresolved(entries: list[tuple[str, str]]) -> str:
             + ". A fleet's or a multi-node stack's run needs every host's address before it changes anything (the "
               "router's unit, the roll and the ranks' meeting point name them); start it, or take the entry out of "
               "gpu-serving:hosts to run without it")
+
+
+def stops_a_routed_server(serving_units: list, unit: str, own_router: str, *, who: str, where: str) -> Optional[str]:
+    """The refusal of a switch to `unit`, by a stack whose router is `own_router` ("" for none), on a
+    host where a unit that another router sends requests to serves (status.HostUnit.routed_by;
+    `serving_units`: what serves there now). Refused rather than drained: taking the server out of
+    that router needs its admin key, a secret of the fleet's stacks, and once switched the router
+    would send requests to a server of a strategy none of its stacks declares (issue 36.7: a
+    one-host stack switched a fleet member, with no drain and no warning)."""
+    for u in serving_units:
+        if u.routed_by and u.routed_by != own_router:
+            return (f"{who}the switch to {unit} is refused before anything stops: {u.name} (stack {u.stack or 'unknown'}) "
+                    f"serves on {where} as a member of a fleet behind SGLang's router {u.routed_by}, which sends it "
+                    f"requests, and this stack {'declares another router' if own_router else 'declares no router'}: it "
+                    "could not take the server out of that router and drain it first, and the router would then send "
+                    "requests to a server its fleet does not declare. Switch the host from that fleet's stacks, or take it "
+                    "out of that fleet's gpu-serving:hosts first (its `up` takes it out of the router, drains and stops it)")
+    return None
 
 
 def notice(roll: RollPlan, target: str, router_url: str) -> str:

@@ -44,6 +44,7 @@ from ..core.facts import (
 )
 from . import identity, probe, ssh
 from . import router as router_roll
+from . import routed_guard
 from .common import changed as _changed
 from .common import moved as _moved
 from .common import progress as _progress
@@ -660,6 +661,7 @@ class ServiceProvider(ResourceProvider):
 
     def check(self, olds, news):
         self._preview_switch(olds, news)
+        routed_guard.refuse(olds, news)  # another fleet's router sends this host requests: refused
         return CheckResult(news, [])
 
     def _preview_switch(self, olds: dict, news: dict) -> None:
