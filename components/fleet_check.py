@@ -3,16 +3,20 @@ roll planned from what the hosts and the router say now (components/core/roll.py
 
 The program asks the provider process to read the fleet (remote/fleet_read.py, through an invoke
 it waits for: the order of the hosts' switches is made of the answer) and registers, when the run
-must stop, one `RunRefused` resource that every resource of the stack waits for (gpu hosts, the
-router): its check fails the preview and the update before any of them is even registered. A
-destroy or a refresh runs the program too, and the engine checks no resource there, so a refusal
-never keeps a stack from being destroyed or its drift from being read."""
+must stop, one `RunRefused` resource that every resource declared after it waits for (a stack
+transformation adds it to their depends_on, components included: a component registering while
+the engine stops would fail the program with "Resource monitor has terminated"). Its check fails
+the preview and the update before anything else is even registered. A destroy or a refresh runs
+the program too, and the engine checks no resource there (it skips one it has no state of), so
+the stack is declared as ever: a refusal never keeps it from being destroyed, or its drift and
+outputs from being read."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
+import pulumi
 from pulumi.runtime import config as runtime_config
 
 from .core import roll as roll_plan
@@ -26,11 +30,32 @@ from .resources import RunRefused
 
 @dataclass
 class FleetCheck:
-    """`after`: what every resource of the stack waits for (the refusal, when the run stops);
-    `roll`: the roll's order behind a router; `router_url`: where clients send requests."""
-    after: list = field(default_factory=list)
+    """`refused`: why the run stops (RunRefused registered); `roll`: the roll's order behind a router."""
+    refused: Optional[str] = None
     roll: Optional[roll_plan.RollPlan] = None
-    router_url: str = ""
+
+
+# This program run's refusal: the transformation acts for it only (tests run programs one after
+# another in one process, on one root stack resource).
+_REFUSAL: list = []
+
+
+def begin_run() -> None:
+    _REFUSAL.clear()
+
+
+def refuse(message: str) -> None:
+    """Register the refusal, and make every resource declared after it wait for it."""
+    refusal = RunRefused("run-refused", message)
+    _REFUSAL[:] = [refusal]
+
+    def wait_for_the_refusal(args: pulumi.ResourceTransformationArgs) -> Optional[pulumi.ResourceTransformationResult]:
+        if _REFUSAL != [refusal]:
+            return None
+        return pulumi.ResourceTransformationResult(
+            args.props, pulumi.ResourceOptions.merge(args.opts, pulumi.ResourceOptions(depends_on=[refusal])))
+
+    pulumi.runtime.register_stack_transformation(wait_for_the_refusal)
 
 
 def unresolved(settings: StackSettings) -> list[tuple[str, str]]:
@@ -63,7 +88,10 @@ def read_fleet(doc: dict) -> Optional[dict]:
         return {"error": f"the provider did not answer ({type(exc).__name__})"}
     if response.failures:
         return {"error": "; ".join(f.reason for f in response.failures)[:400]}
-    value = json_format.MessageToDict(getattr(response, "return")).get("value")
+    value = json_format.MessageToDict(getattr(response, "return"))
+    # The engine marks the answer secret as the arguments were (the sig key beside "value"): unwrap.
+    while isinstance(value, dict) and "value" in value:
+        value = value["value"]
     try:
         answer = json.loads(value) if isinstance(value, str) else None
     except ValueError:
@@ -71,7 +99,7 @@ def read_fleet(doc: dict) -> Optional[dict]:
     return answer if isinstance(answer, dict) else {"error": "the provider's answer was not a fleet"}
 
 
-def _plan_roll(settings: StackSettings, plans: list, private_key, secret_keys: list[str]) -> tuple[roll_plan.RollPlan, str]:
+def _plan_roll(settings: StackSettings, plans: list, private_key, secret_keys: list[str]) -> roll_plan.RollPlan:
     r = settings.router
     names = [n for n, _ in plans]
     conns = {n: connection_of(GpuHostArgs(p.settings, private_key=private_key, entry=n)) for n, p in plans}
@@ -81,10 +109,9 @@ def _plan_roll(settings: StackSettings, plans: list, private_key, secret_keys: l
     else:
         router_conn = connection_of(GpuHostArgs(settings.model_copy(update={"host": r.host, "hosts": ()}),
                                                 private_key=private_key, setting="gpu-serving:router.host"))
-    router_url = R.worker_url(router_conn[1] if r.bind in ("0.0.0.0", "::") else r.bind, r.port)
     key = runtime_config.get_config("gpu-serving:routerAdminKey")
     if router_conn[2] is None or not isinstance(key, str) or any(conns[n][2] is None for n in names):
-        return roll_plan.unknown(names, settings.rollout.max_unavailable), router_url
+        return roll_plan.unknown(names, settings.rollout.max_unavailable)
     answer = read_fleet({
         "hosts": [{"name": n, "url": urls[n], "connection": conns[n][2], "unit": p.unit.name,
                    "execStart": [str(a) for a in p.unit.exec_start], "environment": p.environment,
@@ -92,25 +119,25 @@ def _plan_roll(settings: StackSettings, plans: list, private_key, secret_keys: l
         "router": {"connection": router_conn[2], "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": key},
     })
     if answer is None:
-        return roll_plan.unknown(names, settings.rollout.max_unavailable), router_url
+        return roll_plan.unknown(names, settings.rollout.max_unavailable)
     if answer.get("error"):
         return roll_plan.RollPlan((), 0, refused=f"the roll to {settings.strategy_name} is refused before any host leaves the "
-                                                 f"router: the fleet could not be read first ({answer['error']})"), router_url
+                                                 f"router: the fleet could not be read first ({answer['error']})")
     hosts = [roll_plan.host_from_dict(h) for h in answer.get("hosts") or []]
     router = roll_plan.RouterNow.from_dict(answer.get("router") or {})
-    return roll_plan.plan(hosts, router, settings.strategy_name, max_unavailable=settings.rollout.max_unavailable), router_url
+    return roll_plan.plan(hosts, router, settings.strategy_name, max_unavailable=settings.rollout.max_unavailable)
 
 
 def check_fleet(settings: StackSettings, plans: list, private_key, secret_keys: list[str]) -> FleetCheck:
-    """What a fleet's (or a multi-node stack's) resources wait for, and its roll behind a router."""
+    """A fleet's (or a multi-node stack's) check before its first resource, and its roll behind a
+    router; a refusal is registered here (`refuse`), before the program declares anything else."""
     if not settings.hosts:
         return FleetCheck()
     missing = unresolved(settings)
-    if missing:
-        return FleetCheck(after=[RunRefused("run-refused", roll_plan.unresolved(missing))])
-    if settings.router is None or settings.node_names:
-        return FleetCheck()
-    roll, url = _plan_roll(settings, plans, private_key, secret_keys)
-    if roll.refused:
-        return FleetCheck(after=[RunRefused("run-refused", roll.refused)], roll=roll, router_url=url)
-    return FleetCheck(roll=roll, router_url=url)
+    check = FleetCheck(refused=roll_plan.unresolved(missing)) if missing else FleetCheck()
+    if not missing and settings.router is not None and not settings.node_names:
+        roll = _plan_roll(settings, plans, private_key, secret_keys)
+        check = FleetCheck(refused=roll.refused, roll=roll)
+    if check.refused:
+        refuse(check.refused)
+    return check

@@ -10,7 +10,7 @@ from pulumi.runtime import config as runtime_config
 
 from .core.config import StackSettings
 from .remote.ssh import rehearsal_info
-from .resources import HostFacts, wait_in_children
+from .resources import HostFacts
 
 
 @dataclass
@@ -92,8 +92,6 @@ class GpuHost(pulumi.ComponentResource):
     facts: pulumi.Output[dict]
 
     def __init__(self, name: str, args: GpuHostArgs, needed_gpus: int, opts: Optional[pulumi.ResourceOptions] = None):
-        # Its facts wait for what the caller named (a refused run's check: fleet_check.py).
-        opts, after = wait_in_children(opts)
         super().__init__("gpu-serving:index:GpuHost", name, {}, opts)
         s = args.settings
         self.connection, self.address, plain = connection_of(args)
@@ -109,6 +107,6 @@ class GpuHost(pulumi.ComponentResource):
             # Plumbing (which reads to start ahead), shown as one opaque value, not six blocks.
             "prefetch": pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
             **({"hostEntry": args.entry} if args.entry else {}),
-        }, pulumi.ResourceOptions(parent=self, depends_on=after))
+        }, pulumi.ResourceOptions(parent=self))
         self.facts = self.facts_resource.facts
         self.register_outputs({"facts": self.facts})

@@ -19,7 +19,7 @@ from .core.stack_config import RawConfig, from_engine
 from .core.unit import routed_by
 from .cuda import CudaToolkit
 from .fleet_check import FleetCheck, check_fleet
-from . import gpu_host, pulumi_sdk, serving_unit
+from . import fleet_check, gpu_host, pulumi_sdk, serving_unit
 from .gpu_host import GpuHost, GpuHostArgs
 from .multinode import MultiNodeServing
 from .provider_start import read_ahead
@@ -59,10 +59,9 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
     return out
 
 
-def make_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output], after: Optional[list] = None) -> GpuHost:
-    """`after`: what the host's facts, and so everything of the host, wait for (fleet_check)."""
+def make_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output]) -> GpuHost:
     return GpuHost(name or "host", GpuHostArgs(plan.settings, private_key=private_key, prefetch=refresh_reads(plan), entry=name),
-                   needed_gpus=plan.node_gpus, opts=pulumi.ResourceOptions(depends_on=after) if after else None)
+                   needed_gpus=plan.node_gpus)
 
 
 def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key, secret_env, admin_key,
@@ -72,7 +71,7 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
     then at most rollout.maxUnavailable at a time, never the last one serving), each batch after
     the previous one, each host taken out of the router and put back around its switch."""
     r = settings.router
-    hosts = {name: make_host(name, plan, private_key, check.after) for name, plan in plans}
+    hosts = {name: make_host(name, plan, private_key) for name, plan in plans}
     urls = {name: R.worker_url(hosts[name].address, plan.settings.serving.port) for name, plan in plans}
     if r.runs_on is not None:
         router_host = hosts[r.runs_on]
@@ -80,9 +79,8 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
         # A machine of its own: no strategy runs there, so no GPU, CUDA or model is expected of it.
         router_host = GpuHost("router-host", GpuHostArgs(settings.model_copy(update={"host": r.host, "hosts": ()}),
                                                          private_key=private_key, setting="gpu-serving:router.host"),
-                              needed_gpus=0, opts=pulumi.ResourceOptions(depends_on=check.after) if check.after else None)
-    router = Router("router", router_host, settings, [urls[n] for n, _ in plans], admin_key,
-                    pulumi.ResourceOptions(depends_on=check.after) if check.after else None)
+                              needed_gpus=0)
+    router = Router("router", router_host, settings, [urls[n] for n, _ in plans], admin_key)
     roll = check.roll or roll_plan.unknown([n for n, _ in plans], settings.rollout.max_unavailable)
     # Said only when a host's unit would start or restart (SwitchNotice), not in every run.
     notice = SwitchNotice(roll_plan.notice(roll, settings.strategy_name, router.url_text))
@@ -113,10 +111,10 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
     return {name: outputs[name] for name, _ in plans}
 
 
-def deploy_multinode(settings: StackSettings, plans: list, private_key, secret_env, check: FleetCheck) -> dict:
+def deploy_multinode(settings: StackSettings, plans: list, private_key, secret_env) -> dict:
     """One serving instance over several machines (strategy.nodes): per node its facts, CUDA and
     venv; the layout's units switched as one (MultiNodeServing); readiness judged on rank 0."""
-    hosts = {name: make_host(name, plan, private_key, check.after) for name, plan in plans}
+    hosts = {name: make_host(name, plan, private_key) for name, plan in plans}
     installs = []
     for name, plan in plans:
         after_host = pulumi.ResourceOptions(depends_on=[hosts[name]])
@@ -143,6 +141,7 @@ def run() -> None:
     pulumi_sdk.adjust(Path(os.getcwd()))
     gpu_host.DECLARED.clear()
     serving_unit.begin_run()
+    fleet_check.begin_run()
     declare()
     # Last, once every setting is checked and every resource declared without an error: the
     # provider connects and starts the reads while the engine gets to its first Read.
@@ -176,7 +175,7 @@ def declare() -> None:
     # hosts and the router as they are now (or the run refused, before anything changes).
     check = check_fleet(settings, plans, private_key, ["HF_TOKEN"] if hf_token is not None else [])
     if settings.node_names:
-        multi = deploy_multinode(settings, plans, private_key, secret_env, check)
+        multi = deploy_multinode(settings, plans, private_key, secret_env)
         first = plans[0][1]
         pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
                                    "layout": first.as_dict()["layout"], "nodes": list(settings.node_names)})
@@ -192,7 +191,6 @@ def declare() -> None:
         # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
         # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
         outputs = {name: deploy_host(name, plan, private_key, secret_env, benchmark=settings.benchmark.on_deploy and i == 0,
-                                     host=make_host(name, plan, private_key, check.after) if check.after else None,
                                      notice=notice) for i, (name, plan) in enumerate(plans)}
 
     first = plans[0][1]

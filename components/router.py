@@ -17,7 +17,7 @@ from .core.errors import ConfigError, SettingError
 from .core.unit import UNIT_DIR
 from .core.venv import INSTALL_TIMEOUT, distribution_of, normalize, parse_requirement, wheelhouse_problems
 from .gpu_host import GpuHost
-from .resources import RemoteFile, RouterService, wait_in_children
+from .resources import RemoteFile, RouterService
 from .venv import _sha256, _VenvInstall
 
 # Where the router's wheels go on its host (apart from the serving wheelhouse: each venv's
@@ -66,8 +66,6 @@ class Router(pulumi.ComponentResource):
 
     def __init__(self, name: str, host: GpuHost, settings: StackSettings, workers: list[str], admin_key: pulumi.Output,
                  opts: Optional[pulumi.ResourceOptions] = None):
-        # Its resources wait for what the caller named (a refused run's check: fleet_check.py).
-        opts, after = wait_in_children(opts)
         super().__init__("gpu-serving:index:Router", name, {}, opts)
         r = settings.router
         try:
@@ -76,9 +74,10 @@ class Router(pulumi.ComponentResource):
             raise pulumi.RunError(str(ConfigError(exc.errors, f"stack {settings.stack}"))) from None
         # Every strategy stack of the fleet declares the same router: destroying one stack leaves
         # it routing for the others (like the venvs; remove it by hand when the fleet goes).
-        child = pulumi.ResourceOptions(parent=self, retain_on_delete=True, depends_on=after)
+        child = pulumi.ResourceOptions(parent=self, retain_on_delete=True)
         # Shared by every strategy stack of the fleet, like the serving venv: kept on destroy.
-        self.install = _VenvInstall(f"{name}-packages", {"connection": host.connection, **props}, child)
+        self.install = _VenvInstall(f"{name}-packages", {"connection": host.connection, **props},
+                                    pulumi.ResourceOptions(parent=self, retain_on_delete=True))
         self.environment_file = RemoteFile(f"{name}-environment-file", {
             "connection": host.connection,
             "path": R.environment_path(settings),

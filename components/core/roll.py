@@ -187,15 +187,15 @@ def out_of_service(h: HostNow, router: RouterNow) -> Optional[str]:
 def plan(hosts: list[HostNow], router: RouterNow, target: str, *, max_unavailable: int) -> RollPlan:
     """The roll over `hosts` (declared order) to `target`, or its refusal."""
     head = f"the roll to {target} is refused before any host leaves the router"
-    if router.machine_error:
-        return RollPlan((), 0, refused=f"{head}: the router's machine does not answer over SSH ({router.machine_error}); "
-                                       "bring it back, or move the router (gpu-serving:router.runsOn or router.host)")
     dead = [h for h in hosts if not h.reachable]
     if dead:
         return RollPlan((), 0, refused=f"{head}: " + "; ".join(f"{_entry(h.name)} ({h.url}) does not answer over SSH: {h.error}"
                                                                for h in dead)
                         + ". A host the run cannot reach can neither be switched nor counted on to serve: bring it back, or "
                           "take it out of gpu-serving:hosts (the router is told) and run again")
+    if router.machine_error:
+        return RollPlan((), 0, refused=f"{head}: the router's machine does not answer over SSH ({router.machine_error}); "
+                                       "bring it back, or move the router (gpu-serving:router.runsOn or router.host)")
     why = {h.name: w for h in hosts if (w := out_of_service(h, router))}
     # Out of service, but serving as declared with a server that answers: only the router lacks it.
     rejoin = [h.name for h in hosts if h.name in why and h.as_declared and h.serving and router.health.get(h.url) is not False]
