@@ -4,13 +4,18 @@ starts, every error came with a full Python traceback, because the hook looked f
 server when the warm process imported the providers, before its fork ran the server)."""
 from __future__ import annotations
 
+import subprocess
 import sys
+import textwrap
 import traceback
 import types
+from pathlib import Path
 
 import pytest
 
 from components.remote import providers, ssh
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -57,3 +62,27 @@ def test_an_unreachable_fleet_host_is_named_by_its_entry(monkeypatch):
     with pytest.raises(ssh.Unreachable) as exc:
         ssh._connect(t)
     assert str(exc.value).startswith("hosts[gpu3]: cannot reach root@127.0.0.1:9 over SSH after 1 attempt(s)"), exc.value
+
+
+def test_a_host_that_sends_no_banner_prints_no_traceback_of_paramikos_own():
+    """paramiko's transport thread logged 'Exception (client): Error reading SSH protocol banner'
+    with two tracebacks on stderr (the provider's stderr is in the engine's output) before our
+    one-line error said the same. In a process of its own, as the provider is (pytest's logging
+    would catch what such a process prints)."""
+    script = textwrap.dedent("""
+        import socket, threading
+        from components.remote import ssh
+        from tests.test_ssh_nodelay import loopback, new_key, public_line, target
+        held = []
+        listener = loopback(held.append)  # accepts, says nothing
+        try:
+            ssh._connect(target(listener.getsockname()[1], public_line(new_key()[1]), new_key()[0], timeout=0.3))
+        except ssh.Unreachable as exc:
+            print("UNREACHABLE", exc)
+        for thread in threading.enumerate():  # paramiko's transport thread logs as it ends
+            if isinstance(thread, ssh.paramiko.Transport):
+                thread.join(10)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("UNREACHABLE cannot reach root@127.0.0.1:"), (done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr and "SSH protocol banner" not in done.stderr, done.stderr

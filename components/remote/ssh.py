@@ -25,6 +25,7 @@ import copy
 import functools
 import hashlib
 import io
+import logging
 import os
 import posixpath
 import secrets
@@ -64,6 +65,11 @@ def _lazy_import(name: str):
 # that loaded invoke already keeps it.
 sys.modules.setdefault("invoke", None)
 paramiko = _lazy_import("paramiko")
+# paramiko's transport thread logs a connection it gives up (a host that sends no SSH banner) with
+# its traceback, which lands on the provider's stderr and so in the engine's output (issue 36.12);
+# the caller gets the same failure as one line (Unreachable). No handler: nothing of it is printed.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 # Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
 # No attempt starts later than 2 x connectTimeout after the first, so an unreachable host fails
