@@ -187,7 +187,7 @@ def declare() -> None:
         outputs = deploy_fleet_behind_router(settings, plans, private_key, secret_env, cfg.get_secret("routerAdminKey"),
                                              check)
     else:
-        notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name, router_url=None))
+        notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name))
         # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
         # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
         outputs = {name: deploy_host(name, plan, private_key, secret_env, benchmark=settings.benchmark.on_deploy and i == 0,
