@@ -474,13 +474,13 @@ def test_a_host_that_rejoins_during_a_switch_switches_first_and_two_keep_serving
             "together, the hosts out of service now (gpu3: serves nothing)") in "\n".join(preview), "\n".join(preview)[-3000:]
     lines: list[str] = []
     with Load(fleet) as load:
-        stack(fleet, "pp8").up(on_output=lines.append)
+        result = stack(fleet, "pp8").up(on_output=lines.append)
     text = "\n".join(lines)
     assert load.failed == [], load.failed[:10]
     assert min(load.samples) >= 2, load.samples
     order = [text.index(f"hosts[{n}]: roll: taking") for n in ("gpu3", "gpu1", "gpu2")]
     assert order == sorted(order), text[-4000:]
-    assert sorted(w["strategy"] for w in router_workers(fleet)) == ["tp1 pp8 dp1"] * 3
+    assert sorted(w["strategy"] for w in result.outputs["router"].value["workers"]) == ["tp1 pp8 dp1"] * 3
 
 
 def test_a_host_leaving_in_the_same_run_as_a_switch_counts_against_max_unavailable(fleet):
@@ -509,11 +509,14 @@ def test_after_a_partial_roll_the_order_names_only_the_hosts_that_switch(fleet):
     assert "[gpu1]" not in text and "[gpu2]" not in text
     lines: list[str] = []
     with Load(fleet) as load:
-        stack(fleet, "tp8").up(on_output=lines.append)
+        result = stack(fleet, "tp8").up(on_output=lines.append)
     text = "\n".join(lines)
     assert load.failed == [], load.failed[:10]
     assert "hosts[gpu3]: roll: taking" in text and "hosts[gpu1]: roll:" not in text and "hosts[gpu2]: roll:" not in text
-    assert sorted(w["strategy"] for w in router_workers(fleet)) == ["tp8 pp1 dp1"] * 3
+    # (The router's labels of gpu1 and gpu2 are still pp8's: smg reads them when a worker is added,
+    # and the hand switch did not re-add them.)
+    assert {n: r["layout"]["tp_size"] for n, r in result.outputs["readiness"].value.items()} == {"gpu1": 8, "gpu2": 8, "gpu3": 8}
+    assert result.outputs["router"].value["status"] == "ready"
 
 
 def test_a_one_host_stack_may_not_switch_a_fleet_member(fleet, tmp_path_factory):
