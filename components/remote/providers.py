@@ -44,7 +44,7 @@ from ..core.facts import (
 )
 from . import identity, probe, ssh
 from . import router as router_roll
-from . import routed_guard
+from . import routed_guard, said
 from .common import changed as _changed
 from .common import moved as _moved
 from .common import progress as _progress
@@ -338,7 +338,7 @@ class RemoteFileProvider(ResourceProvider):
         if not olds and news.get("showWhenNew") and isinstance(news.get("content"), str):
             # A new file's text, whole (the engine's display shortens a new multi-line value); a
             # changed one shows as the engine's line diff of `content`, an unchanged one not at all.
-            _progress(f"{_who(news)}{news.get('path')} as it will be written:\n{news['content']}".rstrip("\n"))
+            _progress(said.new_file(_who(news), str(news.get("path")), news["content"]))
         return CheckResult(news, [CheckFailure("secretEnvironment", f"the secret for {key} (gpu-serving:hfToken) is empty or "
                                                "contains whitespace, a quote, a backslash, $ or a backtick; a token never does")
                                   for key in self._bad_secrets(news)])
