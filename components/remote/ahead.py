@@ -20,6 +20,9 @@ both at once and works in daemon threads:
   of the host, no older than its max_age); a result nobody takes is dropped with the process.
   A bad setting never gets here: the program stops before it sends anything.
 
+A third call, READ_FLEET, is one the program waits for: a fleet behind the router is read before
+its roll is planned (remote/fleet_read.py; the program's side: components/fleet_check.py).
+
 Served by gpu-serving-pyrun.py's `--invokes` (the provider launcher names this module): the
 runner gives `handle` every Invoke the SDK's provider server would refuse as not implemented.
 """
