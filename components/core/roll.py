@@ -189,10 +189,11 @@ def plan(hosts: list[HostNow], router: RouterNow, target: str, *, max_unavailabl
     head = f"the roll to {target} is refused before any host leaves the router"
     dead = [h for h in hosts if not h.reachable]
     if dead:
-        return RollPlan((), 0, refused=f"{head}: " + "; ".join(f"{_entry(h.name)} ({h.url}) does not answer over SSH: {h.error}"
-                                                               for h in dead)
-                        + ". A host the run cannot reach can neither be switched nor counted on to serve: bring it back, or "
-                          "take it out of gpu-serving:hosts (the router is told) and run again")
+        # Whether or not a switch is planned (a drift check too): the host's state is not known.
+        return RollPlan((), 0, refused="nothing was changed: " + "; ".join(f"{_entry(h.name)} ({h.url}): {h.error}" for h in dead)
+                        + ". A fleet behind the router changes only once every host is read (one that does not answer can "
+                          "neither be switched nor counted on to serve): bring it back, or take it out of gpu-serving:hosts "
+                          "(the router is told) and run again")
     if router.machine_error:
         return RollPlan((), 0, refused=f"{head}: the router's machine does not answer over SSH ({router.machine_error}); "
                                        "bring it back, or move the router (gpu-serving:router.runsOn or router.host)")
