@@ -166,3 +166,22 @@ def test_a_roll_never_takes_the_last_server_out_of_the_router(monkeypatch):
     with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
         host.done.append("switched")
     assert host.done == [("remove", URLS[2]), "switched", ("add", URLS[2])]
+
+
+def test_a_host_serving_as_declared_but_out_of_the_router_is_an_update_that_puts_it_back(monkeypatch):
+    """core/roll.py's `rejoin`: the program marks such a host's router props; its service then has
+    a change (an update, no restart: why_restart says none), whose start puts it in the router."""
+    declared = {**serving(), "configHash": "h", "execStart": "x", "environment": {}, "declared": {}, "active": True,
+                "enabled": True, "runningServer": "as declared", "readinessReport": {"checked_at": ""}}
+    same = providers.ServiceProvider().diff("id", declared, declared)
+    assert same.changes is False
+    back = providers.ServiceProvider().diff("id", declared, {**declared, "router": {**declared["router"], "rejoin": True}})
+    assert back.changes is True and back.replaces == []
+    host = Host(monkeypatch, running=props(URLS), listed=URLS[:2])
+    monkeypatch.setattr(providers.ServiceProvider, "_serving", lambda self, t, unit: True)
+    monkeypatch.setattr(providers.ServiceProvider, "_switch", lambda self, t, p, unit, restart: {**p, "restart": restart})
+    monkeypatch.setattr(providers.ServiceProvider, "_lock", lambda self, t, p: None)
+    monkeypatch.setattr(providers.ServiceProvider, "_unlock", lambda self, chan: None)
+    monkeypatch.setattr(ssh, "one_connection", lambda t, during: __import__("contextlib").nullcontext())
+    outs = providers.ServiceProvider()._start({**declared, "router": {**declared["router"], "rejoin": True}}, restart=False)
+    assert outs["restart"] is False and host.done == [("add", URLS[2])]

@@ -841,7 +841,7 @@ class ServiceProvider(ResourceProvider):
             changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         if olds.get("switchFailure"):
             changed.append("switchFailure")  # the last switch left nothing serving: try it again
-        changed += ["router"] if (news.get("router") or {}).get("rejoin") else []  # out of the router: put back (roll.py)
+        changed += ["router"] if isinstance(news.get("router"), dict) and news["router"].get("rejoin") else []  # put back (roll.py)
         moved = _moved(olds, news)
         if moved:
             # Said at the diff, so the preview says it before anything happens.
