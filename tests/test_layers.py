@@ -33,6 +33,7 @@ LAZY = {
     ("components.remote.ahead", "components.remote.ssh"): "the provider process connects; the program never does",
     ("components.remote.ahead", "components.core.reads"): "the requests are built in the provider process only",
     ("components.remote.ahead", "components.remote.handoff"): "the provider process hands reads over; the program never does",
+    ("components.remote.ahead", "components.remote.fleet_read"): "the provider process reads the fleet; the program never does",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
 

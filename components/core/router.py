@@ -309,52 +309,19 @@ def parse_http(stdout: str) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The roll
+# The roll (its order and refusals: core/roll.py)
 
-@dataclass(frozen=True)
-class Roll:
-    batches: tuple[tuple[str, ...], ...]     # host names, switched batch after batch
-    unchanged: tuple[str, ...] = ()          # already serving the declared strategy
-    router: bool = True
-
-    def describe(self, strategy: str, max_unavailable: int, router_url: str = "") -> str:
-        if not self.router:
-            names = [n for b in self.batches for n in b]
-            return (f"no router (gpu-serving:router): every host stops at once: {', '.join(names)} switch to "
-                    f"{strategy} together, nothing serves until they are ready") if names else "nothing to switch"
-        if not self.batches:
-            return f"every host already serves {strategy}: nothing to roll"
-        order = " -> ".join("[" + ", ".join(b) + "]" for b in self.batches)
-        kept = f"; unchanged: {', '.join(self.unchanged)}" if self.unchanged else ""
-        return (f"rolling switch to {strategy} behind the router {router_url}, {max_unavailable} at a time: {order}{kept}")
-
-
-def plan_roll(hosts: list[str], current: dict[str, Optional[str]], target: str, *, max_unavailable: int,
-              router: bool) -> Roll:
-    """The order hosts switch in: the declared order, hosts already on `target` left out, in
-    batches of `max_unavailable` (all at once without a router)."""
-    todo = [h for h in hosts if current.get(h) != target]
-    unchanged = tuple(h for h in hosts if current.get(h) == target)
-    if not router:
-        return Roll(batches=(tuple(todo),) if todo else (), unchanged=unchanged, router=False)
-    size = max(1, max_unavailable)
-    return Roll(batches=tuple(tuple(todo[i:i + size]) for i in range(0, len(todo), size)), unchanged=unchanged)
-
-
-def switch_notice(hosts: list[str], strategy: str, *, router_url: Optional[str], max_unavailable: int = 1) -> Optional[str]:
-    """The line a fleet's run prints when a switch is planned (components/program.py prints it
-    from the first unit that would start or restart, never in a run that switches nothing): the
-    roll order behind the router, or without one that the hosts that switch stop at once. None for the
-    one-host form (no fleet to order)."""
-    if router_url is None:
-        if len(hosts) < 2:
-            return None
-        # Which hosts really switch is known host by host, after this line is printed (a host
-        # already on `strategy`, say after a partial failure, is left alone): the line says so.
-        return (f"no router (gpu-serving:router): the hosts whose strategy changes, of {', '.join(hosts)}, stop at once "
-                f"and switch to {strategy} together; nothing serves on them until they are ready")
-    roll = plan_roll(hosts, {}, strategy, max_unavailable=max_unavailable, router=True)
-    return f"hosts whose strategy changes switch in this order: {roll.describe(strategy, max_unavailable, router_url)}"
+def switch_notice(hosts: list[str], strategy: str) -> Optional[str]:
+    """The line a fleet without a router prints when a switch is planned (components/program.py
+    prints it from the first unit that would start or restart, never in a run that switches
+    nothing): the hosts that switch stop at once. None for the one-host form. Behind a router the
+    line is the roll's order (core/roll.py: notice)."""
+    if len(hosts) < 2:
+        return None
+    # Which hosts really switch is known host by host, after this line is printed (a host
+    # already on `strategy`, say after a partial failure, is left alone): the line says so.
+    return (f"no router (gpu-serving:router): the hosts whose strategy changes, of {', '.join(hosts)}, stop at once "
+            f"and switch to {strategy} together; nothing serves on them until they are ready")
 
 
 @dataclass
