@@ -14,6 +14,8 @@ from .core import scrape
 from .core.errors import ConfigError
 from .core.plan import check_stack
 from .core.stack_config import from_files, stack_names
+from .core.watch import parse_stacks
+from .watch import atomic_write
 
 DEFAULT_OUT = "~/.local/state/gpu-serving-watch/prometheus"
 
@@ -51,7 +53,6 @@ def rewrite_targets(project_dir: Path, stacks: list[str], targets_dir: Path, log
     """Each stack's target file, written (atomically) only when its text changed. A stack whose
     settings cannot be read keeps its previous file (the watch reports the stack's error).
     Returns the files written."""
-    from .watch import atomic_write
     addresses = _addresses()
     written = []
     for stack in stacks:
@@ -77,7 +78,6 @@ def run(args) -> int:
     try:
         known = stack_names(args.project_dir)
         if args.stacks:
-            from .core.watch import parse_stacks
             stacks = parse_stacks(args.stacks, known)
         else:
             stacks = known
@@ -88,7 +88,6 @@ def run(args) -> int:
         return 2
     out = Path(args.out).expanduser().resolve()
     targets_dir = out / scrape.TARGETS_DIR
-    from .watch import atomic_write
     exporter = None if args.watch_exporter in ("none", "") else args.watch_exporter
     atomic_write(out / scrape.CONFIG_FILE, scrape.render_config(str(targets_dir), watch_exporter=exporter))
     print(f"wrote {out / scrape.CONFIG_FILE}")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from . import server_metrics
 from .errors import ConfigError, SettingError, shown
 from .rules import NAMESPACE, ROUTER_KEY
 from .unit import UNIT_DIR
@@ -234,9 +235,8 @@ def in_flight(metrics_text: str, attn_tp_size: Optional[int] = None) -> Optional
     """Requests running plus queued on a server, from its /metrics, each counted once: one series
     per DP group and stage, not one per TP rank (core/server_metrics.py says why); None when it
     reports neither gauge or is not Prometheus' text."""
-    from .server_metrics import in_flight as count
     try:
-        return count(metrics_text, attn_tp_size)
+        return server_metrics.in_flight(metrics_text, attn_tp_size)
     except ValueError:
         return None
 
