@@ -15,7 +15,7 @@ from .core.errors import ConfigError
 from .core.plan import check_stack
 from .core.stack_config import from_files, stack_names
 from .core.watch import parse_stacks
-from .watch import atomic_write
+from .files import atomic_write
 
 DEFAULT_OUT = "~/.local/state/gpu-serving-watch/prometheus"
 
