@@ -77,10 +77,7 @@ def test_a_router_that_does_not_answer_is_not_ready():
         R.parse_workers('{"error": "Missing or invalid Authorization header"}')
 
 
-def test_in_flight_sums_running_and_queued_over_ranks():
-    assert R.in_flight((DATA / "metrics-sglang-two-ranks.txt").read_text()) == 6
-    assert R.in_flight("# HELP x\nother_metric 3\n") is None
-    assert R.in_flight('sglang:num_running_reqs{model_name="m"} 0.0\n') == 0
+# In flight on a server: tests/test_server_metrics.py (cases tests/data/traffic/in-flight.json).
 
 
 def test_failure_message_names_the_host_and_what_each_host_runs():

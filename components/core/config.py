@@ -33,7 +33,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from . import flags, model_source
+from . import autoswitch, flags, model_source
+from .autoswitch import AutoswitchSettings
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .fitness_baseline import check_policy as check_fitness_policy
 from .profiles import PROFILES
@@ -836,7 +837,9 @@ SECRET_KEYS = ("sshPrivateKey", "hfToken", "routerAdminKey")
 # A list of host objects: the fleet one stack deploys to (one engine run for all of them).
 HOSTS_KEY = "hosts"
 MAX_HOSTS = 64
-CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY)
+# Read by `watch` and `recommend` only (components/core/autoswitch.py), checked here with the rest.
+AUTOSWITCH_KEY = "autoswitch"
+CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY, AUTOSWITCH_KEY)
 
 
 def _loc(section: str, loc: tuple) -> str:
@@ -851,7 +854,7 @@ def _loc(section: str, loc: tuple) -> str:
 
 def _suggest(section: str, key: str) -> str:
     import difflib
-    cls = HostEntry if section == HOSTS_KEY else {**SECTIONS, **OPTIONAL_SECTIONS}[section]
+    cls = HostEntry if section == HOSTS_KEY else {**SECTIONS, **OPTIONAL_SECTIONS, AUTOSWITCH_KEY: AutoswitchSettings}[section]
     fields = [f.alias or n for n, f in cls.model_fields.items()]
     close = difflib.get_close_matches(key, fields, n=1) if len(key) <= MAX_NAME else []
     return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
@@ -890,6 +893,10 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
             errors += _validation_errors(section, exc)
     hosts = _parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
     router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors, sections.get("strategy"), stack)
+    try:
+        autoswitch.parse(config.get(AUTOSWITCH_KEY))
+    except ValidationError as exc:
+        errors += _validation_errors(AUTOSWITCH_KEY, exc)
     _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, errors)
     _check_ssh_ports(sections.get("host"), sections.get("serving"), sections.get("strategy"), hosts, router, errors)
     errors += model_source.check(sections.get("model"), hosts, SYSTEM_DIRS)

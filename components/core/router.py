@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from . import server_metrics
 from .errors import ConfigError, SettingError, shown
 from .rules import NAMESPACE, ROUTER_KEY
 from .unit import UNIT_DIR
@@ -230,24 +231,14 @@ def judge_router(expected: list[str], workers: Optional[list[Worker]], error: st
 # ---------------------------------------------------------------------------------------------
 # In flight on a server (SGLang's Prometheus text, --enable-metrics)
 
-GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-
-
-def in_flight(metrics_text: str) -> Optional[int]:
-    """Requests running plus queued on a server, from its /metrics (summed over the label sets:
-    one per rank or model); None when it reports neither gauge."""
-    total, seen = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in GAUGES:
-            try:
-                total += float(line.rsplit(None, 1)[-1])
-                seen = True
-            except ValueError:
-                continue
-    return int(round(total)) if seen else None
+def in_flight(metrics_text: str, attn_tp_size: Optional[int] = None) -> Optional[int]:
+    """Requests running plus queued on a server, from its /metrics, each counted once: one series
+    per DP group and stage, not one per TP rank (core/server_metrics.py says why); None when it
+    reports neither gauge or is not Prometheus' text."""
+    try:
+        return server_metrics.in_flight(metrics_text, attn_tp_size)
+    except ValueError:
+        return None
 
 
 def in_flight_from_load(text: str) -> Optional[int]:
