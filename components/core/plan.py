@@ -141,9 +141,11 @@ def build_plans(settings: StackSettings, project_environment: dict[str, str] | N
             plans.append((name, build_plan(s, project_environment, project_environment_dir)))
         except ConfigError as exc:
             by_host.append((name, exc.errors))
-    # A rule every node of a multi-node layout breaks alike is one error, named once; the rest
-    # name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
-    everywhere = set.intersection(*(set(map(str, e)) for _, e in by_host)) if settings.node_names and \
+    # A rule every node of a multi-node layout (or every server of a prefill/decode pair) breaks
+    # alike is one error, named once; the rest name the host: its hardware (gpuCount,
+    # gpuMemoryGb) may differ from the others'.
+    together = settings.node_names or settings.disaggregation is not None
+    everywhere = set.intersection(*(set(map(str, e)) for _, e in by_host)) if together and \
         len(by_host) == len(per_host) else set()
     seen: set[str] = set()
     for name, host_errors in by_host:
