@@ -161,8 +161,8 @@ def build(settings, plans: list, addresses: Optional[dict] = None) -> PdPlan:
 
 def tcp_warning(settings, kv: KvPath, workload_input: int) -> str:
     context = settings.serving.context_length
-    why = ("one a decode attention rank: set decode enableDpAttention to send one" if kv.copies > 1 else
-           "DP attention on decode: one")
+    why = ("one a decode attention rank; DP attention on decode sends one, where its memory allows" if kv.copies > 1 else
+           "DP attention on decode: one copy")
     return (f"{WHERE}.network: the KV cache crosses plain TCP at {kv.link_gbps:g} Gbit/s "
             f"({kv.link_gbps * GBIT / 1e9:.2f} GB/s): {settings.model.name}'s {kv.bytes_per_token:,} B a token x "
             f"{kv.copies} ({why}) = {kv.wire_bytes_per_token:,} B, so the link carries at most "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -54,7 +55,8 @@ def pd(rehearsal_host_factory, tmp_path_factory):
     prefill, decode = rehearsal_host_factory(), rehearsal_host_factory()
     wheel = engine_wheel.build(tmp_path_factory.mktemp("wheel"))
     settings, plans, pair = render(prefill, decode)
-    for host, (_, plan) in zip((prefill, decode), plans):
+
+    def install(host, plan):
         host.put(wheel, f"/tmp/{wheel.name}")
         host.run(f"python3 -m venv {settings.venv.path} && {settings.venv.path}/bin/pip install -q --no-index "
                  f"/tmp/{wheel.name}", check=True, timeout=300)
@@ -62,6 +64,9 @@ def pd(rehearsal_host_factory, tmp_path_factory):
         host.run(f"cat > {plan.unit.environment_path}", input=plan.environment_text, check=True)
         host.run(f"cat > /etc/systemd/system/{plan.unit.name}", input=plan.unit.text, check=True)
         host.run(f"systemctl daemon-reload && systemctl start {plan.unit.name}", check=True)
+    with ThreadPoolExecutor(2) as pool:  # the two hosts at once
+        for done in [pool.submit(install, host, plan) for host, (_, plan) in zip((prefill, decode), plans)]:
+            done.result()
     # The router: the pinned wheels, offline, in its venv; its key file and its PD-mode unit.
     prefill.run("mkdir -p /tmp/router-wheels", check=True)
     for w in R.pins(settings.router.version):
