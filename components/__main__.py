@@ -1,5 +1,6 @@
 """``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH.
 ``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to.
+``python -m components real-hosts --stack NAME``: the machines it deploys to that are not rehearsal hosts.
 ``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH.
 ``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG.
 ``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates).
@@ -22,6 +23,7 @@ from .core.errors import ConfigError
 from .core import pd_switch
 from .core.plan import PD_NOT_DEPLOYED, CheckedStack, ServingPlan, check_stack, load_stack_config
 from .core.stack_config import from_files
+from .core.targets import real_machines
 
 
 def _print_plan(plan: ServingPlan) -> None:
@@ -156,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("rehearsal-hosts", help="the rehearsal hosts a stack deploys to, one per line")
     r.add_argument("--stack", required=True)
     r.add_argument("--project-dir", default=".", type=Path)
+    rh = sub.add_parser("real-hosts", help="the machines a stack deploys to that are not rehearsal hosts, one per line "
+                                           "(scripts/deploy asks before it changes them)")
+    rh.add_argument("--stack", required=True)
+    rh.add_argument("--project-dir", default=".", type=Path)
     st = sub.add_parser("status", help="what serves on the hosts now, read over SSH: unit, stack, layout, uptime, "
                                        "readiness, and whether each stack's files drifted (exit 1: the serving stack drifted)")
     st.add_argument("--stack", help="only this stack's hosts and files (default: every stack of the project)")
@@ -197,12 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         return advise_cli.run(args)
     if args.command == "ledger":
         return ledger_cli.run(args)
-    if args.command == "rehearsal-hosts":
+    if args.command in ("rehearsal-hosts", "real-hosts"):
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        if args.command == "real-hosts":
+            for machine in real_machines(settings):
+                print(machine)
+            return 0
         for _, s in settings.per_host():
             if s.host.is_rehearsal:
                 print(s.host.rehearsal)

@@ -171,7 +171,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         since0, base0 = started[0]
         report = probe.wait_ready(targets[0], unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                   settings=props.get("readiness") or {}, since=since0, baseline=base0,
-                                  progress=lambda m: _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {m}"))
+                                  progress=lambda m: _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {m}", ephemeral=True))
         ranks = []
         for k in range(1, len(targets)):
             since, baseline = started[k]
@@ -251,7 +251,7 @@ class MultiNodeServiceProvider(ServiceProvider):
                     f"{ROLLBACK_FAILED} {previous} (rank {rank.group(1)}) did not stay up: {problem}.")
         bind, port = self._address_of(t, previous, props)
         report = probe.wait_ready(t, previous, bind=bind, port=port, declared={}, settings=props.get("readiness") or {},
-                                  since=since, baseline=baseline, progress=lambda m: _progress(f"rollback {m}"))
+                                  since=since, baseline=baseline, progress=lambda m: _progress(f"rollback {m}", ephemeral=True))
         if report.status == R.READY:
             return True, f"rolled back: restarted {previous}, the strategy that was serving before; it generates again."
         return False, f"{ROLLBACK_FAILED} {previous} did not come back ({report.status}: {report.reason})."
