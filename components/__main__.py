@@ -24,7 +24,8 @@ from . import recommend_cli
 from . import watch
 from .core.config import parse_settings
 from .core.errors import ConfigError
-from .core.plan import CheckedStack, ServingPlan, check_stack, load_stack_config
+from .core import pd_switch
+from .core.plan import PD_NOT_DEPLOYED, CheckedStack, ServingPlan, check_stack, load_stack_config
 from .core.stack_config import from_files
 from .core.targets import real_machines
 
@@ -87,8 +88,19 @@ def _print_hosts(plans: list[tuple[str, ServingPlan]]) -> None:
         first.setdefault(key, plan)
     print(f"stack {plans[0][1].settings.stack}: {len(plans)} hosts")
     for key, names in groups.items():
-        print(f"\n=== {', '.join(names)}")
+        role = first[key].settings.role
+        print(f"\n=== {role.role + ': ' if role else ''}{', '.join(names)}")
         _print_plan(first[key])
+
+
+def _print_pd(pd) -> None:
+    """What a prefill/decode stack adds: the KV path, what bounds concurrency, the router in PD mode."""
+    print("\nprefill/decode disaggregation: " + ", ".join(f"{s.role} {s.host} ({s.url})" for s in pd.servers))
+    for line in pd.lines:
+        print(f"  {line}")
+    print(f"  deploy       {PD_NOT_DEPLOYED}")
+    print("\n--- the router's unit (PD mode)")
+    print(pd.router_unit, end="")
 
 
 def _switch(before: ServingPlan, after: ServingPlan) -> dict:
@@ -223,11 +235,22 @@ def main(argv: list[str] | None = None) -> int:
         checked = check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir, rehearsal_addresses())
         plans = checked.plans
         plan = plans[0][1]
-        before = (check_stack(args.against, from_files(args.project_dir, args.against), args.project_dir).plans[0][1]
-                  if args.against else None)
+        before_checked = (check_stack(args.against, from_files(args.project_dir, args.against), args.project_dir,
+                                      rehearsal_addresses()) if args.against else None)
+        before = before_checked.plans[0][1] if before_checked else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if before is not None and (checked.pd is not None or before_checked.pd is not None):
+        from .remote.ssh import rehearsal_addresses
+        found = rehearsal_addresses()
+        switch = pd_switch.plan(pd_switch.side(before_checked, found), pd_switch.side(checked, found))
+        if args.json:
+            json.dump(switch.as_dict(), sys.stdout, indent=2)
+            print()
+        else:
+            print(pd_switch.render(switch))
+        return 0
     if before is not None:
         if args.json:
             json.dump(_switch(before, plan), sys.stdout, indent=2)
@@ -241,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         out["warnings"] = list(dict.fromkeys(out["warnings"] + checked.warnings))
         if plans[0][0]:
             out["hosts"] = [{"name": n, **p.as_dict()["host"], "memory": p.memory.as_dict()} for n, p in plans]
+        if checked.pd is not None:
+            out["disaggregation"] = checked.pd.as_dict()
         json.dump(out, sys.stdout, indent=2)
         print()
         return 0
@@ -248,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_hosts(plans)
     else:
         _print_plan(plan)
+    if checked.pd is not None:
+        _print_pd(checked.pd)
     _print_checked(checked)
     return 0
 

@@ -153,7 +153,7 @@ def test_the_advise_command(tmp_path, capsys):
                           "NVIDIA RTX PRO 6000 Blackwell Server Edition (96 GB), interconnect pcie (from the host block)\n")
     assert "not calibrated: no benchmark results" in out
     assert re.search(r"^  tp1-ep8 .*gpu-serving:strategy: world size dp 1 x tp 1 x pp 1 = 1 must equal host.gpuCount 8", out, re.M)
-    assert re.search(r"^  tp8-ep8 .*\(stack ep8\)$", out, re.M)
+    assert re.search(r"^  tp8-ep8 .*\(stack ep8[,)]", out, re.M)  # other stacks of that layout (tp8x2) may share the label
     assert "  the project's stacks: pp8 37.3, tp8 27.7, ep8 26.0\n" in out
     # The seed's choice: PP8 first of the measured layouts at one request, beyond the model's
     # error; at 32, TP8 and EP8 differ by 1 %, inside it: a tie, not a "best" (issue 36.16).

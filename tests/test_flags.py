@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from components.core import flags
-from components.core.config import SECTIONS, parse_settings
+from components.core.config import OPTIONAL_SECTIONS, SECTIONS, parse_settings
 from components.core.errors import ConfigError
 from components.core.plan import build_plan
 from components.core.strategy import OWNED_FLAGS
@@ -49,7 +49,7 @@ def test_flag_case_refusals_name_the_setting(name, case):
 
 def test_every_flag_of_the_table_is_written_by_a_golden_unit():
     # The shipped stacks' units and the flag cases' together: a row without a case fails here.
-    text = "".join(p.read_text() for folder in ("units", "flags") for p in (DATA / folder).glob("*.service"))
+    text = "".join(p.read_text() for folder in ("units", "flags", "pd") for p in (DATA / folder).glob("*.service"))
     missing = [row.flag for row in flags.FLAGS if row.form != flags.REFUSED and f"    {row.flag}" not in text]
     assert not missing, f"no golden unit writes {missing}: add a case under tests/data/flags/"
 
@@ -59,7 +59,7 @@ def test_every_row_names_a_real_setting():
         if row.form == flags.REFUSED:
             assert row.setting is None
             continue
-        fields = SECTIONS[row.section].model_fields
+        fields = {**SECTIONS, **OPTIONAL_SECTIONS}[row.section].model_fields
         assert row.attribute in fields, row
         assert (fields[row.attribute].alias or row.attribute) == row.key, row
 

@@ -59,7 +59,7 @@ def test_invalid_yaml_is_a_clear_error(tmp_path):
 
 def test_unknown_stack_lists_known_ones():
     out = run_plan("--stack", "nope")
-    assert out.returncode == 2 and "known stacks: ep8, pp8, tp16x2, tp8" in out.stderr
+    assert out.returncode == 2 and "known stacks: ep8, pd1p1d, pp8, tp16x2, tp8, tp8x2" in out.stderr
 
 
 def test_switch_diff_shows_the_changed_flags_only():

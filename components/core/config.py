@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from . import autoswitch, flags, model_source
+from . import autoswitch, flags, model_source, pd_settings
 from .autoswitch import AutoswitchSettings
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .fitness_baseline import check_policy as check_fitness_policy
@@ -781,6 +781,10 @@ class StackSettings(BaseModel):
     rollout: RolloutSettings = RolloutSettings()
     # Set by `per_host` on a multi-node stack's per-node settings: this node's rank and rank 0.
     node: Optional[NodePlace] = None
+    # gpu-serving:disaggregation, checked (pd_settings.Disaggregation); `per_host` sets `role`
+    # (pd_settings.RolePlace) on each server's settings, whose strategy is then its role's layout.
+    disaggregation: Optional[Any] = None
+    role: Optional[Any] = None
 
     @property
     def strategy_name(self) -> str:
@@ -808,6 +812,8 @@ class StackSettings(BaseModel):
         rehearsal entry has none in the settings; the program reads it from the running host)."""
         if not self.hosts:
             return [("", self)]
+        if self.disaggregation is not None:
+            return self.disaggregation.per_server(self)
         names = self.node_names
         if not names:
             return [(h.name, self.model_copy(update={"host": h, "hosts": ()})) for h in self.hosts]
@@ -831,7 +837,7 @@ SECTIONS = {
     "rollout": RolloutSettings,
 }
 # Sections that are off unless written.
-OPTIONAL_SECTIONS = {"router": RouterSettings}
+OPTIONAL_SECTIONS = {"router": RouterSettings, pd_settings.KEY: pd_settings.DisaggregationSettings}
 # Settings given as their own (secret) config keys rather than inside a section.
 SECRET_KEYS = ("sshPrivateKey", "hfToken", "routerAdminKey")
 # A list of host objects: the fleet one stack deploys to (one engine run for all of them).
@@ -897,12 +903,15 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
         autoswitch.parse(config.get(AUTOSWITCH_KEY))
     except ValidationError as exc:
         errors += _validation_errors(AUTOSWITCH_KEY, exc)
+    disaggregation = pd_settings.parse(config.get(pd_settings.KEY), hosts=hosts, strategy=sections.get("strategy"),
+                                       strategy_model=StrategySettings, router=router, serving=sections.get("serving"),
+                                       model=sections.get("model"), errors=errors)
     _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, errors)
     _check_ssh_ports(sections.get("host"), sections.get("serving"), sections.get("strategy"), hosts, router, errors)
     errors += model_source.check(sections.get("model"), hosts, SYSTEM_DIRS)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
-    return StackSettings(stack=stack, hosts=hosts, router=router, **sections)
+    return StackSettings(stack=stack, hosts=hosts, router=router, disaggregation=disaggregation, **sections)
 
 
 def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError], strategy=None, stack: str = "") -> Optional[RouterSettings]:

@@ -26,8 +26,9 @@ VALUE = "value"
 SWITCH = "switch"
 # Never written; refused in extraArgs with the row's `about`.
 REFUSED = "refused"
-# Written from the node's place in a multi-node layout (settings.node: `derive` reads it), only
-# on a multi-node stack; refused in extraArgs (set strategy.nodes).
+# Written from the server's place (`place`: settings.node in a multi-node layout, settings.role
+# in a prefill/decode stack; `derive` reads it and may say None: not written), only there;
+# refused in extraArgs (set the setting the row names).
 DERIVED = "derived"
 
 # SGLang's choices (server_args.py), checked before anything touches a host.
@@ -63,6 +64,7 @@ class Flag:
     # A SWITCH written only when its setting is true and this holds of the whole stack's settings.
     when: Optional[Callable[[Any], bool]] = None
     when_about: str = ""
+    place: str = "node"
 
     @property
     def section(self) -> str:
@@ -131,6 +133,20 @@ FLAGS: tuple[Flag, ...] = (
          derive=lambda node: node.rank),
     Flag("--dist-init-addr", "strategy.distInitPort", "rank 0's address and the rendezvous port", form=DERIVED,
          aliases=("--nccl-init-addr",), derive=lambda node: node.dist_init_addr),
+    # Prefill/decode disaggregation (pd_settings.py): the server's role and the KV transfer.
+    Flag("--disaggregation-mode", "disaggregation.prefill", "the server's role, prefill or decode (the role naming its host)",
+         form=DERIVED, place="role", derive=lambda role: role.role),
+    Flag("--disaggregation-transfer-backend", "disaggregation.transferBackend", "the KV cache's transfer backend",
+         form=DERIVED, place="role", derive=lambda role: role.transfer_backend),
+    Flag("--disaggregation-bootstrap-port", "disaggregation.bootstrapPort",
+         "the prefill server's bootstrap server (prefill only)", form=DERIVED, place="role",
+         derive=lambda role: role.bootstrap_port),
+    Flag("--disaggregation-ib-device", "disaggregation.ibDevices", "the RDMA devices of the transfer (when set)",
+         form=DERIVED, place="role", derive=lambda role: role.ib_device),
+    Flag("--disaggregation-decode-tp", "disaggregation.decode", "the decode side's tp size, on the prefill server when "
+         "it differs from the prefill's", form=DERIVED, place="role", derive=lambda role: role.decode_tp),
+    Flag("--disaggregation-decode-dp", "disaggregation.decode", "the decode side's dp size, on the prefill server when "
+         "it differs from the prefill's", form=DERIVED, place="role", derive=lambda role: role.decode_dp),
 )
 
 
@@ -160,9 +176,10 @@ def words(settings: Any, namespace: str) -> list[tuple[str, str]]:
             continue
         where = f"{namespace}:{row.setting}"
         if row.form == DERIVED:
-            node = getattr(settings, "node", None)
-            if node is not None:
-                out += [(where, row.flag), (where, str(row.derive(node)))]
+            place = getattr(settings, row.place, None)
+            value = row.derive(place) if place is not None else None
+            if value is not None:
+                out += [(where, row.flag), (where, str(value))]
             continue
         value = getattr(getattr(settings, row.section), row.attribute)
         if row.form == SWITCH:
@@ -203,10 +220,14 @@ def markdown(sections: dict[str, Any]) -> str:
             written += f", not when {row.omit}"
         aliases = ", ".join(f"`{a}`" for a in row.aliases)
         lines.append(f"| `{row.flag}` | `{row.setting}` | {default} | {written} | {aliases} | {row.about} |")
-    derived = [row for row in FLAGS if row.form == DERIVED]
+    derived = [row for row in FLAGS if row.form == DERIVED and row.place == "node"]
     lines += ["", "Written on a multi-node layout only (`strategy.nodes` or `strategy.nnodes`), from the node's place "
               "in it; refused in `serving.extraArgs`: "
               + ", ".join(f"`{row.flag}` ({row.about}; `{row.setting}`)" for row in derived) + "."]
+    roles = [row for row in FLAGS if row.form == DERIVED and row.place == "role"]
+    lines += ["", "Written on a prefill/decode stack only (`gpu-serving:disaggregation`, README: Prefill/decode "
+              "disaggregation), from the server's role; refused in `serving.extraArgs`: "
+              + ", ".join(f"`{row.flag}` ({row.about}; `{row.setting}`)" for row in roles) + "."]
     refused = [row for row in FLAGS if row.form == REFUSED]
     if refused:
         lines += ["", "Never written, refused in `serving.extraArgs`: "

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import pd_plan
+from .pd_settings import WHERE as PD_SETTING
 from .config import NAMESPACE, ServingSettings, StackSettings, parse_settings
 from .cuda import settings_problems
 from .errors import ConfigError, SettingError
@@ -139,9 +141,11 @@ def build_plans(settings: StackSettings, project_environment: dict[str, str] | N
             plans.append((name, build_plan(s, project_environment, project_environment_dir)))
         except ConfigError as exc:
             by_host.append((name, exc.errors))
-    # A rule every node of a multi-node layout breaks alike is one error, named once; the rest
-    # name the host: its hardware (gpuCount, gpuMemoryGb) may differ from the others'.
-    everywhere = set.intersection(*(set(map(str, e)) for _, e in by_host)) if settings.node_names and \
+    # A rule every node of a multi-node layout (or every server of a prefill/decode pair) breaks
+    # alike is one error, named once; the rest name the host: its hardware (gpuCount,
+    # gpuMemoryGb) may differ from the others'.
+    together = settings.node_names or settings.disaggregation is not None
+    everywhere = set.intersection(*(set(map(str, e)) for _, e in by_host)) if together and \
         len(by_host) == len(per_host) else set()
     seen: set[str] = set()
     for name, host_errors in by_host:
@@ -151,10 +155,23 @@ def build_plans(settings: StackSettings, project_environment: dict[str, str] | N
                     errors.append(e)
                     seen.add(str(e))
             else:
-                errors.append(SettingError(e.setting + (f" (host {name})" if name else ""), e.rule, e.fix))
+                errors.append(SettingError(_server_setting(settings, name, e.setting), e.rule, e.fix))
     if errors:
         raise ConfigError(errors, f"stack {settings.stack}")
     return plans
+
+
+def _server_setting(settings: StackSettings, name: str, setting: str) -> str:
+    """A host's refusal names the host; on a prefill/decode stack its role too, and a layout key
+    where that role's value is written (its own key, or gpu-serving:strategy's)."""
+    d = settings.disaggregation
+    if not name or d is None:
+        return setting + (f" (host {name})" if name else "")
+    role = d.role_of(name)
+    prefix = f"{NAMESPACE}:strategy."
+    if setting.startswith(prefix):
+        setting = d.layout_setting(role, setting[len(prefix):])
+    return f"{setting} ({role} on {name})"
 
 
 def plan_hosts(project_dir: Path, stack: str) -> list[tuple[str, ServingPlan]]:
@@ -221,6 +238,8 @@ class CheckedStack:
     # Secret settings the stack gives (gpu-serving:hfToken, ...): named, never shown.
     secrets: list[str]
     warnings: list[str]
+    # A prefill/decode stack's pair plan (pd_plan.PdPlan), None for the others.
+    pd: object = None
 
 
 def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[str, str] | None = None) -> CheckedStack:
@@ -242,10 +261,23 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[s
         errors += exc.errors
     errors += settings_problems(settings.cuda)
     errors += strategy_owned_elsewhere(project_dir, stack, settings.strategy_name)
+    pd = None
+    if settings.disaggregation is not None:
+        if raw.source == "engine":
+            errors.append(SettingError(PD_SETTING, PD_NOT_DEPLOYED, f"python -m components plan --stack {stack}"))
+        if plans and not errors:
+            pd = pd_plan.build(settings, plans, addresses)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
     warnings = [w for _, plan in plans for w in plan.warnings] + same_machine_as_default(settings)
-    return CheckedStack(settings, plans, secrets, list(dict.fromkeys(warnings)))
+    return CheckedStack(settings, plans, secrets, list(dict.fromkeys(warnings + (pd.warnings if pd else []))), pd)
+
+
+# Until the deploy of a prefill/decode stack lands (issue 41: its units and router under the
+# providers issue 37 restructures), `pulumi preview` and `up` refuse one rather than deploy its
+# hosts as an ordinary fleet; `plan` shows the plan and says the same.
+PD_NOT_DEPLOYED = ("prefill/decode disaggregation is planned but not deployed by this version: `pulumi preview` and "
+                   "`up` refuse the stack rather than run its hosts as an ordinary fleet")
 
 
 def strategy_owned_elsewhere(project_dir: Path, stack: str, strategy: str) -> list[SettingError]:

@@ -85,13 +85,21 @@ def unit_file_of(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
 
 
-def exec_start(settings: StackSettings, workers: list[str]) -> list[str]:
+def exec_start(settings: StackSettings, workers: list[str], pd: Optional[tuple] = None) -> list[str]:
     """smg's command line: the declared fleet as --worker-urls (a restarted router comes back
-    routing to all of them; a roll takes hosts out through the admin API)."""
+    routing to all of them; a roll takes hosts out through the admin API). `pd`: (prefill
+    [(url, bootstrap port)], decode [url]) of a prefill/decode stack: PD mode instead, each
+    prefill server with its bootstrap port (`smg launch --help`: --prefill URL [BOOTSTRAP_PORT])."""
     r = settings.router
     argv = [f"{r.venv_path}/bin/smg", "launch", "--host", r.bind, "--port", str(r.port), "--policy", r.policy,
             "--prometheus-host", r.bind, "--prometheus-port", str(r.metrics_port)]
-    if workers:
+    if pd is not None:
+        argv.append("--pd-disaggregation")
+        for url, port in pd[0]:
+            argv += ["--prefill", url, str(port)]
+        for url in pd[1]:
+            argv += ["--decode", url]
+    elif workers:
         argv += ["--worker-urls", *workers]
     return argv
 
@@ -122,9 +130,9 @@ def worker_urls(unit_text: str) -> list[str]:
     return []
 
 
-def render_unit(settings: StackSettings, workers: list[str]) -> str:
+def render_unit(settings: StackSettings, workers: list[str], pd: Optional[tuple] = None) -> str:
     r = settings.router
-    argv = exec_start(settings, workers)
+    argv = exec_start(settings, workers, pd)
     for word in argv:
         if not _PLAIN.fullmatch(word):
             raise ConfigError([SettingError(f"{NAMESPACE}:router", f"{shown(word)} cannot be written into the router's unit")],
@@ -142,7 +150,9 @@ def render_unit(settings: StackSettings, workers: list[str]) -> str:
         # The same bytes from every strategy stack of the fleet: the router outlives a switch.
         "# Managed by gpu-serving (the fleet's router, shared by its strategy stacks); hand edits are drift.",
         "[Unit]",
-        f"Description=SGLang router (smg {r.version}, {r.policy}) on port {r.port} for {len(workers)} server(s)",
+        f"Description=SGLang router (smg {r.version}, {r.policy}) on port {r.port} for {len(workers)} server(s)" if pd is None
+        else f"Description=SGLang router (smg {r.version}, {r.policy}, prefill/decode) on port {r.port} for "
+             f"{len(pd[0])} prefill and {len(pd[1])} decode server(s)",
         f"{MARKER_KEY}={r.unit_name}",
         "After=network-online.target",
         "Wants=network-online.target",

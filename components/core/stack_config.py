@@ -60,6 +60,8 @@ class RawConfig:
     secret_keys: set = field(default_factory=set)
     # Where each key was written, for messages about the key itself ("Pulumi.tp8.yaml").
     origin: dict[Any, str] = field(default_factory=dict)
+    # "files" (plan and the other commands) or "engine" (the program under preview and up).
+    source: str = "files"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +292,7 @@ def from_engine(values: dict[str, Any], secret_keys: set[str]) -> RawConfig:
     """Every config key of the running program, as the engine passes them (components/program.py
     reads them from the SDK: PULUMI_CONFIG, or pulumi.runtime.set_all_config under mocks), and
     which are secrets."""
-    raw = RawConfig()
+    raw = RawConfig(source="engine")
     credentials = {f"{NAMESPACE}:{k}" for k in SECRET_KEYS}
     for key, value in values.items():
         # A credential is text as given (pulumi.Config.get_secret), never read as JSON.

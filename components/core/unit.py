@@ -260,7 +260,8 @@ def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None
         "[Unit]",
         f"Description=SGLang {settings.model.served_name} {settings.strategy_name} "
         f"(tp {layout.tp_size}, pp {layout.pp_size}, ep {layout.ep_size}, dp {layout.dp_size}) on port {s.port}"
-        + (f", node rank {settings.node.rank} of {settings.node.nnodes}" if settings.node else ""),
+        + (f", node rank {settings.node.rank} of {settings.node.nnodes}" if settings.node else "")
+        + (f", {settings.role.role} server" if settings.role else ""),
         f"{MARKER_KEY}={settings.stack}",
         *([f"{ROUTED_KEY}={routed_by(settings)}"] if settings.router is not None else []),
         "After=network-online.target",

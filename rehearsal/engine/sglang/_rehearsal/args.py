@@ -224,6 +224,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--enable-eplb", action="store_true")
     a("--moe-dense-tp-size", type=int, default=None)
     a("--disable-shared-experts-fusion", action="store_true")
+    # PD disaggregation (server_args.py: "Only used for PD disaggregation")
+    a("--disaggregation-mode", default="null", choices=["null", "prefill", "decode"])
+    a("--disaggregation-transfer-backend", default="mooncake",
+      choices=["mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp"])
+    a("--disaggregation-bootstrap-port", type=int, default=8998)
+    a("--disaggregation-decode-tp", type=int, default=None)
+    a("--disaggregation-decode-dp", type=int, default=None)
+    a("--disaggregation-prefill-pp", type=int, default=1)
+    a("--disaggregation-ib-device", default=None)
+    a("--disaggregation-decode-enable-offload-kvcache", action="store_true")
+    a("--num-reserved-decode-tokens", type=int, default=512)
+    a("--disaggregation-decode-polling-interval", type=int, default=1)
     return p
 
 

@@ -23,7 +23,13 @@ FAULTS = {
                     "/health_generate still passes (another rank answers); needs --dp-size > 1",
     "slow_drain": "slow_drain:S - after SIGTERM every request in flight streams slowly enough to end S seconds "
                   "after the signal (long generations still running at a stop)",
+    # Issue 41: prefill/decode disaggregation.
+    "prefill_dies_mid_transfer": "prefill server: the process dies (exit 1) halfway through writing a request's KV cache "
+                                 "to the decode server",
+    "bootstrap_never_starts": "prefill server: its bootstrap server never opens its port (the ranks cannot register, "
+                              "decode servers cannot look it up); it serves its own port as usual",
 }
+PREFILL_FAULTS = ("prefill_dies_mid_transfer", "bootstrap_never_starts")
 MULTI_NODE_FAULTS = ("never_join", "crash_after_join")
 
 
@@ -61,6 +67,9 @@ class Fault:
         if self.name in MULTI_NODE_FAULTS and args.nnodes < 2:
             return (f"REHEARSAL_FAULT={self.name} needs a multi-node world (--nnodes 2 or more); "
                     f"this command line has --nnodes {args.nnodes}")
+        if self.name in PREFILL_FAULTS and args.disaggregation_mode != "prefill":
+            return (f"REHEARSAL_FAULT={self.name} needs a prefill server (--disaggregation-mode prefill); this command "
+                    f"line has --disaggregation-mode {args.disaggregation_mode}")
         if self.name == "dead_dp_rank" and not 0 <= self.arg < args.dp_size:
             return (f"REHEARSAL_FAULT=dead_dp_rank:{self.arg} needs a DP rank of this server: --dp-size is "
                     f"{args.dp_size}, so 0..{args.dp_size - 1}" + (" (and dp_size > 1)" if args.dp_size < 2 else ""))

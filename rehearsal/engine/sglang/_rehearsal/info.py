@@ -51,6 +51,7 @@ def server_info(engine) -> dict:
             "layout": engine.layout,
             "requests_served": engine.requests_served,
             "performance": engine.performance_info(),
+            "disaggregation": engine.pd.info() if engine.pd is not None else None,
         },
     })
     return info

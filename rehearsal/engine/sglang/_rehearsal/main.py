@@ -31,6 +31,7 @@ from sglang.version import __version__
 from sglang._rehearsal import answers as answers_mod
 from sglang._rehearsal import args as cli
 from sglang._rehearsal import checkpoint
+from sglang._rehearsal import disagg
 from sglang._rehearsal import faults
 from sglang._rehearsal import gpus as gpu_mod
 from sglang._rehearsal import info
@@ -82,7 +83,7 @@ class Log:
 
     def access(self, client, method, path, code):
         phrase = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
-                  503: "Service Unavailable"}.get(code, "")
+                  500: "Internal Server Error", 503: "Service Unavailable"}.get(code, "")
         self.emit(20, f'INFO:     {client[0]}:{client[1]} - "{method} {path} HTTP/1.1" {code} {phrase}', "")
 
 
@@ -132,6 +133,8 @@ class Engine:
         self.load_plan = None
         self.start_phases: dict = {}       # seconds of each start phase, as the journal lines say
         self.clock = time.monotonic
+        # Issue 41: prefill/decode disaggregation (disagg.py), None for an ordinary server.
+        self.pd = disagg.Disaggregation(self) if args.disaggregation_mode != "null" else None
 
     # ------------------------------------------------------------------ HTTP-facing behaviour
     @property
@@ -203,8 +206,10 @@ class Engine:
             if self.ranks.is_dead(rank):
                 self.ranks.hang(rank, self.stop)  # the wedged rank never answers; a stop cuts it
                 raise ConnectionAbortedError(f"DP rank {rank} is wedged (rehearsal fault dead_dp_rank)")
-            if self.perf and self.perf_layout:
+            if self.perf and self.perf_layout and "kv_received" not in result:  # a decode server got it prefilled
                 time.sleep(self.perf.prefill_ms(self.perf_layout, self.model.num_layers, result["prompt_tokens"]) / 1000)
+            if "pd_transfer" in result:
+                result.pop("pd_transfer")()  # a prefill server sends the KV cache it just made
             yield
         finally:
             self.ranks.finished(rank)
@@ -359,7 +364,7 @@ class Engine:
         self.visible = gpu_mod.visible(all_gpus, env.get("CUDA_VISIBLE_DEVICES"))
         capacity = gpu_mod.capacity_mib(self.visible[0]) if self.visible else None
         try:
-            for level, message in rules.resolve_args(args, self.model, env, capacity):
+            for level, message in rules.resolve_args(args, self.model, env, capacity) + disagg.resolve(args):
                 log.emit(LEVELS[level], message, "")
         except Refusal as refusal:
             return self.fail(refusal)
@@ -401,6 +406,8 @@ class Engine:
                           "ep_size does not add GPUs")
         self.used_gpus = [self.visible[i] for i in ids]
         began = self.clock()
+        if self.pd is not None:
+            self.pd.start()  # the bootstrap server opens at launch; its ranks register later
         log.info("Init torch distributed begin.", rank=True)
         if args.nnodes > 1:
             self.join_world()
@@ -455,6 +462,8 @@ class Engine:
         avail = min(free) - weights - kv_size
         log.info(f"Memory pool end. avail mem={avail / GiB:.2f} GB", rank=True)
         self.write_usage(weights + kv_size)
+        if self.pd is not None:
+            self.pd.kv_ready()
         graphs = not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled"
         a2a_check = None
         if args.moe_a2a_backend in rules.NVLINK_A2A:
@@ -647,7 +656,7 @@ class Engine:
         raise Stop()
 
     def leave_world(self):
-        for closer in (self.rdv_server, self.rank0_link):
+        for closer in (self.rdv_server, self.rank0_link, self.pd):
             if closer is not None:
                 closer.close()
         self.rdv_server = self.rank0_link = None
@@ -703,6 +712,8 @@ class Engine:
         try:
             if not args.skip_server_warmup:
                 self.wait(float(self.env.get("REHEARSAL_WARMUP_SECONDS") or DEFAULT_WARMUP_SECONDS))
+                if self.pd is not None:
+                    self.pd.warmup()  # to the fake bootstrap host: no KV moves
                 log.access(("127.0.0.1", 0), "POST", "/generate", 200)
             self.start_phases["warmup"] = round(self.clock() - began, 3)
             self.state = "ready"

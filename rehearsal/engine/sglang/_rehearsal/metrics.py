@@ -142,4 +142,6 @@ def render(engine) -> str:
             lines.append(f"sglang:{name}_bucket{_labels(base + [('le', '+Inf')])} {_num(hist.total)}")
             lines.append(f"sglang:{name}_count{_labels(base)} {_num(hist.total)}")
             lines.append(f"sglang:{name}_sum{_labels(base)} {_num(hist.sum)}")
+    if engine.pd is not None:
+        lines += engine.pd.metric_lines(base)
     return "\n".join(lines) + "\n"

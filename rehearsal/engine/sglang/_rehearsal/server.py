@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from sglang._rehearsal import answers as answers_mod
 from sglang._rehearsal import metrics
+from sglang._rehearsal.disagg import TransferFailed
 
 # The filler words of the stand-in tokenizer (rehearsal/tokenizer.py puts them first in the
 # vocabulary); answers now come from answers.py.
@@ -198,6 +199,11 @@ class Handler(BaseHTTPRequestHandler):
             result["logprob"] = dict(body, logprob_start_len=start) if body.get("return_logprob") else None
             self.engine.answer(result, ids)
             results.append(result)
+        if self.engine.pd is not None:  # prefill/decode disaggregation: the KV handshake first
+            failed = self.engine.pd.admit(body, results)
+            if failed:
+                self._send(500, {"error": {"message": failed}})
+                return
         try:
             if body.get("stream") and not batch:
                 with self.engine.decoding(results[0]):
@@ -208,6 +214,10 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, out if batch else out[0])
         except ConnectionAbortedError:
             self.close_connection = True  # a wedged DP rank: no answer, the connection is cut
+            return
+        except TransferFailed as failed:
+            self.engine.log.error(str(failed))
+            self._send(500, {"error": {"message": str(failed)}})
             return
         self.engine.after_request()
 
@@ -263,6 +273,11 @@ class Handler(BaseHTTPRequestHandler):
             self._error(400, r)
             return
         self.engine.answer(r, ids)
+        failed = self.engine.pd.admit(body, [r]) if self.engine.pd is not None else None
+        if failed:
+            self._error(500, failed)
+            return
+        n_out = r["completion_tokens"]  # a prefill server answers one token
         model = body.get("model") or self.engine.args.served_model_name
         created = int(time.time())
         rid = r["id"]
@@ -277,6 +292,10 @@ class Handler(BaseHTTPRequestHandler):
             self.engine.decode_all([r])
         except ConnectionAbortedError:
             self.close_connection = True  # a wedged DP rank: no answer, the connection is cut
+            return
+        except TransferFailed as failed:
+            self.engine.log.error(str(failed))
+            self._error(500, str(failed))
             return
         text = answers.decode(r["output_ids"])
         if chat:
@@ -390,7 +409,8 @@ class DummyHandler(BaseHTTPRequestHandler):
 
 
 def _phrase(code: int) -> str:
-    return {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 503: "Service Unavailable"}.get(code, str(code))
+    return {400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error",
+            503: "Service Unavailable"}.get(code, str(code))
 
 
 def new_request_id() -> str:
