@@ -100,8 +100,9 @@ fi
 
 # $1 unit: its state (UNIT_PROPERTIES, as `unit_states`), then what its main process runs, taken
 # from the same MainPID: /proc/<pid>/cmdline and /proc/<pid>/environ (NUL-separated, so base64),
-# the service manager's own environment (what systemd gives every service), and the other
-# gpu-serving units that are enabled (a reboot would start them too: only one may be).
+# the service manager's own environment (what systemd gives every service), the environment
+# systemd holds for the unit and the part of it its file sets, each drop-in's text (dropins.py),
+# and the other gpu-serving units that are enabled (a reboot would start them too: only one may be).
 SERVICE_SCRIPT = r"""
 show=$(systemctl show """ + SHOW_OPTIONS + r""" -- "$1") || exit $?
 printf '%s\n' "$show"
@@ -112,6 +113,11 @@ echo @@environ
 if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then base64 -w0 "/proc/$pid/environ" 2>/dev/null; fi; echo
 echo @@manager
 systemctl show-environment 2>/dev/null || true
+echo @@unit-environment
+systemctl show -p Environment -p EnvironmentFiles -p UnsetEnvironment -p PassEnvironment -- "$1" 2>/dev/null
+echo @@unit-file-environment
+grep -E '^(Environment|EnvironmentFile|UnsetEnvironment|PassEnvironment)=' -- '""" + UNIT_DIR + r"""'/"$1" 2>/dev/null
+for p in $(printf '%s\n' "$show" | sed -n 's/^DropInPaths=//p'); do echo "@@drop-in $p"; head -c 16384 -- "$p" 2>/dev/null; echo; done
 echo @@others-enabled
 cd """ + UNIT_DIR + r""" 2>/dev/null || exit 0
 for f in $(""" + MANAGED_UNITS_GREP + r"""); do

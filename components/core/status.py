@@ -201,6 +201,33 @@ def superseded_by(unit: str, host: HostServing) -> Optional[str]:
     return f"{SUPERSEDED}{u.name} ({_stack_of(u)}) serves since {u.since or 'an unknown time'}"
 
 
+BOOT_DISAGREES = "enabled/active disagree with what serves: a reboot would start "
+
+
+def boot_disagreement(host: HostServing) -> Optional[str]:
+    """What a reboot would start, when it is not what serves now (an interrupted switch leaves the
+    new unit running but not enabled, the old one stopped but enabled; a hand `systemctl enable`
+    of a second strategy): `enabled/active disagree with what serves: a reboot would start <unit>
+    ...`. None when exactly the unit that serves is enabled, or nothing serves."""
+    serving = host.serving
+    if not serving:
+        return None
+    now = serving[0]
+    enabled = [u for u in host.units if u.enabled]
+    if [u.name for u in enabled] == [now.name]:
+        return None
+    if not enabled:
+        starts = "nothing"
+    else:
+        starts = " and ".join(f"{u.name} ({_stack_of(u)})" for u in enabled)
+        if len(enabled) > 1:
+            starts += " together (either could end up serving)"
+    fix = f"`pulumi up --stack {now.stack}` enables it and disables the others" if now.stack else \
+        "an up of the stack that serves enables it and disables the others"
+    return (f"{BOOT_DISAGREES}{starts}, while {now.name} ({_stack_of(now)}) serves"
+            + (", not enabled" if not now.enabled else "") + f": {fix}")
+
+
 def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict],
                     declared: Optional[str] = None, removed: bool = False) -> Optional[str]:
     """What a destroy's preview says when the stack's unit serves (its `active` output, as the
@@ -335,6 +362,8 @@ def render_status(doc: dict[str, Any]) -> str:
             out.append(f"  readiness {text} (now, {r.get('probe', '/health_generate')} from the host)")
         for other in h.get("also_running", []):
             out.append(f"  warning   also running: {other['unit']} (stack {other['stack']})")
+        if h.get("boot"):
+            out.append(f"  warning   {h['boot']}")
         for s in h["stacks"]:
             mark = "*" if serving and s["unit"] == serving["unit"] else " "
             state = s.get("state", "not on this host")

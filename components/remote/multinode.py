@@ -282,7 +282,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         """The ranks as one service: active and enabled when every rank is, and what they run."""
         together = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
                     "runningServer": cls._ranks_running(lives)}
-        for key in ("dropIns", "othersEnabled"):
+        for key in ("dropIns", "othersEnabled", "foreignDropIns", "effectiveEnvironment"):
             said = [f"{node['hostEntry']}:{item}" for node, v in lives if v for item in v.get(key, [])]
             if said:
                 together[key] = said
