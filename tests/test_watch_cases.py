@@ -169,3 +169,14 @@ def test_the_readme_edit_line_is_what_the_watch_says_for_the_projects_ep8_unit()
                              "new": {"path": f"/etc/systemd/system/{plan.unit.name}", "content": plan.unit.text}})
     line = f"watch: edited: stack ep8 on 10.0.0.5: {W.describe(item)}"
     assert line in (project / "README.md").read_text()
+
+
+def test_a_host_out_of_the_router_is_a_gauge_of_its_own():
+    doc, found = run_ticks(dict(CASES)["host-left-out-of-the-router"])[1]
+    text = W.render_prometheus(doc)
+    assert 'gpu_serving_in_router{stack="tp8",host="10.0.0.1:22"} 0' in text
+    assert 'gpu_serving_in_router{stack="tp8",host="10.0.0.2:22"} 1' in text
+    assert [c["kind"] for c in found] == ["router"]
+    # A stack without a router has no such sample.
+    alone, _ = run_ticks(dict(CASES)["edit-then-repaired"])[-1]
+    assert "gpu_serving_in_router{" not in W.render_prometheus(alone)

@@ -382,6 +382,16 @@ def rank_problem(baseline: UnitState, now: UnitState) -> Optional[str]:
     return None
 
 
+def rank_now(rank: int, nnodes: int, joined: bool) -> tuple[str, str]:
+    """One look at a running rank >= 1 (`status`, the drift watch), judged as a switch judges it:
+    by its unit (it runs: the caller looked) and its journal, never by its HTTP answer (a dummy
+    server's 200). (status, reason)."""
+    if joined:
+        return READY, ""
+    return LOADING, (f"rank {rank} of {nnodes} has not joined rank 0 yet: no '{JOINED_LINE}' in its journal since its "
+                     "unit started")
+
+
 @dataclass(frozen=True)
 class RankState:
     """A rank >= 1 after rank 0's verdict: `problem` from `rank_problem`, `joined` from its journal."""

@@ -207,6 +207,22 @@ def service(props: dict) -> list[dict]:
                     timeout=30, check=True)]
 
 
+# $1 unit, $2 the line a rank logs once it joined the world: how often the unit's current run
+# (its InvocationID: the journal of this start only, however long ago) logged it.
+RANK_JOINED_SCRIPT = r"""
+id=$(systemctl show -p InvocationID --value -- "$1" 2>/dev/null)
+if [ -z "$id" ]; then echo joined=0; exit 0; fi
+n=$(journalctl -q --no-pager -o cat "_SYSTEMD_INVOCATION_ID=$id" 2>/dev/null | grep -c -F -- "$2")
+echo "joined=${n:-0}"
+"""
+
+
+def rank_joined(unit: str, line: str) -> dict:
+    """Whether a rank >= 1 of a multi-node layout joined rank 0 since its unit started (status)."""
+    return command(["sh", "-c", RANK_JOINED_SCRIPT, "sh", unit, line], purpose=f"reading whether {unit} joined rank 0",
+                   timeout=60, check=False)
+
+
 def readiness(props: dict) -> list[dict]:
     """ReadinessProvider: one poll without waiting and without the journal."""
     return [snapshot(props["unit"], probe_address(props["bind"]), int(props["port"]), REFRESH_GENERATION_TIMEOUT, None)]

@@ -78,6 +78,13 @@ class HostUnit:
     def layout(self) -> dict[str, Any]:
         return layout_of_argv(self.argv)
 
+    @property
+    def node_rank(self) -> tuple[int, int]:
+        """(its rank, the number of nodes) in a multi-node layout; (0, 1) on one node."""
+        flags = dict(flag_groups(self.argv))
+        rank, nnodes = flags.get("--node-rank", "0"), flags.get("--nnodes", "1")
+        return (int(rank) if rank.isdigit() else 0), (int(nnodes) if nnodes.isdigit() else 1)
+
     def as_dict(self) -> dict[str, Any]:
         return {"unit": self.name, "stack": self.stack, "active_state": self.active_state, "sub_state": self.sub_state,
                 "enabled": self.enabled, "main_pid": self.main_pid, "since": self.since,
@@ -360,6 +367,9 @@ def render_status(doc: dict[str, Any]) -> str:
             if r.get("reason"):
                 text += f": {r['reason']}"
             out.append(f"  readiness {text} (now, {r.get('probe', '/health_generate')} from the host)")
+        router = h.get("router")
+        if router:
+            out.append(f"  router    {router['text']}")
         for other in h.get("also_running", []):
             out.append(f"  warning   also running: {other['unit']} (stack {other['stack']})")
         if h.get("boot"):

@@ -218,6 +218,8 @@ def tick_document(results: list[dict], status: dict, *, checked_at: str, checked
                               "serving_here": serving_here, "superseded": superseded and not error,
                               "host_serving": None if error else serving,
                               "readiness": readiness, "ready": None if error else (readiness == "ready"),
+                              # Whether the fleet's router routes to the host (None: no router, or not read).
+                              "router": None if error else h.get("router"),
                               "error": error, "last_check": checked_at})
         if not hosts and r.get("error"):
             errors += 1
@@ -333,6 +335,7 @@ METRICS = (
     ("gpu_serving_serving", "gauge", "1 when this stack's unit serves on the host"),
     ("gpu_serving_ready", "gauge", "1 when this stack serves on the host and its readiness is ready"),
     ("gpu_serving_host_up", "gauge", "1 when the last check reached the host"),
+    ("gpu_serving_in_router", "gauge", "1 when the fleet's router routes to the host (only hosts behind a router it read)"),
 )
 
 
@@ -345,11 +348,14 @@ def render_prometheus(doc: dict) -> str:
         "gpu_serving_serving": lambda h: int(bool(h["serving_here"])),
         "gpu_serving_ready": lambda h: int(bool(h["ready"])),
         "gpu_serving_host_up": lambda h: int(not h["error"]),
+        "gpu_serving_in_router": lambda h: int(bool((h.get("router") or {}).get("in_router"))),
     }
     out = []
     for name, kind, help_text in METRICS:
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for stack, h in rows:
+            if name == "gpu_serving_in_router" and (h.get("router") or {}).get("in_router") is None:
+                continue
             out.append(f'{name}{{stack="{_label(stack)}",host="{_label(h["host"])}"}} {values[name](h)}')
     out += ["# HELP gpu_serving_last_check_timestamp_seconds When the last tick finished (Unix time)",
             "# TYPE gpu_serving_last_check_timestamp_seconds gauge",

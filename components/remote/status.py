@@ -22,6 +22,7 @@ from ..core.stack_config import from_files, stack_names
 from ..core.status_verdict import summarize
 from ..core.unit import UNIT_DIR
 from . import probe, ssh
+from .status_router import add_memberships
 
 
 class StatusError(Exception):
@@ -77,8 +78,21 @@ def connection(settings, stack: str, project_dir: Path, checked: CheckedStack) -
             "hostKey": h.host_key, **timeouts}
 
 
+def _rank_readiness(t: ssh.Target, unit: S.HostUnit, rank: int, nnodes: int) -> dict:
+    """A rank >= 1 of a multi-node layout: its unit runs (the caller saw it serve) and its journal
+    says whether it joined rank 0, as a switch judges it (readiness.rank_now); its HTTP answer is
+    a dummy server's and proves nothing."""
+    joined = ssh.fetch(t, reads.rank_joined(unit.name, R.JOINED_LINE)).stdout.strip().rpartition("joined=")[2]
+    status, reason = R.rank_now(rank, nnodes, joined.isdigit() and int(joined) > 0)
+    return {"status": status, "reason": reason, "unit": unit.name, "rank": rank, "checked_at": probe.now_iso(),
+            "probe": f"its unit and journal: rank {rank} of {nnodes}, rank 0 answers for the world"}
+
+
 def _readiness(t: ssh.Target, unit: S.HostUnit, declared: dict) -> dict:
     """One look at the serving unit, as a refresh takes it (the same read and report builder)."""
+    rank, nnodes = unit.node_rank
+    if rank:
+        return _rank_readiness(t, unit, rank, nnodes)
     layout = unit.layout
     bind = str(layout.get("host", "0.0.0.0"))
     port = int(layout.get("port", 30000)) if str(layout.get("port", "")).isdigit() else 30000
@@ -174,6 +188,7 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
     # A multi-node layout names rank 0's address: a running rehearsal host's, as the program
     # renders it (without it, every rank's unit would read as drift).
     addresses = ssh.rehearsal_addresses()
+    routers: dict[tuple, dict] = {}
     for stack in names:
         try:
             checked = check_stack(stack, from_files(project_dir, stack), project_dir, addresses)
@@ -193,8 +208,11 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
                     slot["down"] = str(exc)
                 except (StatusError, OSError) as exc:
                     slot["error"] = str(exc)
+        if checked.settings.router is not None:
+            _declare_router(routers, checked, stack, project_dir)
     docs = []
-    for slot in hosts.values():
+    by_machine: dict[str, dict] = {}
+    for key, slot in hosts.items():
         if slot["down"] is not None:
             # Not booted: the stacks that name it are simply not deployed there (not "not read").
             docs.append({"host": slot["target"], "entry": slot["entry"], "down": slot["down"], "serving": None,
@@ -208,4 +226,25 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
             docs.append(host_status(slot["conn"], slot["entry"], slot["target"], slot["stacks"]))
         except ssh.RemoteError as exc:
             docs.append({"host": slot["target"], "entry": slot["entry"], "error": str(exc), "stacks": []})
+        by_machine[key] = docs[-1]
+    add_memberships(routers, lambda machine: (hosts.get(machine) or {}).get("conn"), by_machine)
     return summarize(docs, asked_for_a_stack=bool(only))
+
+
+def _declare_router(routers: dict[tuple, dict], checked: CheckedStack, stack: str, project_dir: Path) -> None:
+    """The fleet's router, once however many strategy stacks declare it, with the hosts behind it."""
+    settings = checked.settings
+    r = settings.router
+    places = dict(settings.per_host())
+    runs_on = places[r.runs_on].host.machine if r.runs_on and r.runs_on in places else None
+    key = (runs_on or (r.host.machine if r.host else ""), r.port)
+    router = routers.setdefault(key, {"settings": settings, "conn": None, "runs_on": runs_on, "members": []})
+    if runs_on is None and router["conn"] is None and r.host is not None:
+        try:
+            router["conn"] = connection(settings.model_copy(update={"host": r.host, "hosts": ()}), stack, project_dir, checked)
+        except (StatusError, OSError):
+            return  # a router machine of its own that cannot be reached: no membership is said
+    for (_, plan), (_, s) in zip(checked.plans, settings.per_host()):
+        member = (s.host.machine, plan.settings.serving.port)
+        if member not in router["members"]:
+            router["members"].append(member)
