@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import cuda, status, venv
-from .facts import FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
+from .facts import ENVIRONMENT_SHOW_OPTIONS, FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
 from .unit import MANAGED_UNITS_GREP, UNIT_DIR
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then base64 -w0 "/proc/$pid/environ" 2>/de
 echo @@manager
 systemctl show-environment 2>/dev/null || true
 echo @@unit-environment
-systemctl show -p Environment -p EnvironmentFiles -p UnsetEnvironment -p PassEnvironment -- "$1" 2>/dev/null
+systemctl show """ + ENVIRONMENT_SHOW_OPTIONS + r""" -- "$1" 2>/dev/null
 echo @@unit-file-environment
 grep -E '^(Environment|EnvironmentFile|UnsetEnvironment|PassEnvironment)=' -- '""" + UNIT_DIR + r"""'/"$1" 2>/dev/null
 for p in $(printf '%s\n' "$show" | sed -n 's/^DropInPaths=//p'); do echo "@@drop-in $p"; head -c 16384 -- "$p" 2>/dev/null; echo; done
