@@ -392,6 +392,18 @@ def rank_now(rank: int, nnodes: int, joined: bool) -> tuple[str, str]:
                      "unit started")
 
 
+def ranks_waited_for(waiting: list[str], gone: list[str]) -> tuple[str, Optional[str]]:
+    """While rank 0 loads, the ranks >= 1 that have not joined it, named at once rather than at
+    rank 0's deadline: (the note its progress line carries, why waiting longer is pointless: a
+    rank that stopped before joining, so rank 0 can never be ready). `waiting`: "rank k on
+    <host>" still running; `gone`: the same with the problem (`rank_problem`)."""
+    if gone:
+        return f"rank(s) that stopped before joining: {'; '.join(gone)}", f"{'; '.join(gone)}, before it joined rank 0"
+    if waiting:
+        return f"waiting for {', '.join(waiting)} to join (no '{JOINED_LINE}' in its journal yet)", None
+    return "every rank joined", None
+
+
 @dataclass(frozen=True)
 class RankState:
     """A rank >= 1 after rank 0's verdict: `problem` from `rank_problem`, `joined` from its journal."""

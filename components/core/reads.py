@@ -207,19 +207,22 @@ def service(props: dict) -> list[dict]:
                     timeout=30, check=True)]
 
 
-# $1 unit, $2 the line a rank logs once it joined the world: how often the unit's current run
-# (its InvocationID: the journal of this start only, however long ago) logged it.
-RANK_JOINED_SCRIPT = r"""
+# $1 unit, $2 the line a rank logs once it joined the world: the unit's state, then how often its
+# current run (its InvocationID: the journal of this start only, however long ago) logged the line.
+RANK_SCRIPT = r"""
+systemctl show """ + SHOW_OPTIONS + r""" -- "$1"
+echo @@joined
 id=$(systemctl show -p InvocationID --value -- "$1" 2>/dev/null)
-if [ -z "$id" ]; then echo joined=0; exit 0; fi
+if [ -z "$id" ]; then echo 0; exit 0; fi
 n=$(journalctl -q --no-pager -o cat "_SYSTEMD_INVOCATION_ID=$id" 2>/dev/null | grep -c -F -- "$2")
-echo "joined=${n:-0}"
+echo "${n:-0}"
 """
 
 
-def rank_joined(unit: str, line: str) -> dict:
-    """Whether a rank >= 1 of a multi-node layout joined rank 0 since its unit started (status)."""
-    return command(["sh", "-c", RANK_JOINED_SCRIPT, "sh", unit, line], purpose=f"reading whether {unit} joined rank 0",
+def rank(unit: str, line: str) -> dict:
+    """A rank >= 1 of a multi-node layout: its unit's state and whether its current run joined
+    rank 0 (RANK_SCRIPT), for a switch's wait and for `status`."""
+    return command(["sh", "-c", RANK_SCRIPT, "sh", unit, line], purpose=f"reading whether {unit} joined rank 0",
                    timeout=60, check=False)
 
 

@@ -212,7 +212,7 @@ def _who(props: dict) -> str:
 def _named(props: dict, exc: Exception) -> Exception:
     """`exc` with its message prefixed by the host entry (a fleet), same type."""
     who = _who(props)
-    if not who or str(exc).startswith(who):
+    if not who or str(exc).startswith((who, "hosts[")):  # already names its host (a multi-node rank)
         return exc
     return type(exc)(who + str(exc))
 

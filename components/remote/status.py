@@ -82,8 +82,8 @@ def _rank_readiness(t: ssh.Target, unit: S.HostUnit, rank: int, nnodes: int) -> 
     """A rank >= 1 of a multi-node layout: its unit runs (the caller saw it serve) and its journal
     says whether it joined rank 0, as a switch judges it (readiness.rank_now); its HTTP answer is
     a dummy server's and proves nothing."""
-    joined = ssh.fetch(t, reads.rank_joined(unit.name, R.JOINED_LINE)).stdout.strip().rpartition("joined=")[2]
-    status, reason = R.rank_now(rank, nnodes, joined.isdigit() and int(joined) > 0)
+    _, joined = probe.rank_look(t, unit.name)
+    status, reason = R.rank_now(rank, nnodes, joined)
     return {"status": status, "reason": reason, "unit": unit.name, "rank": rank, "checked_at": probe.now_iso(),
             "probe": f"its unit and journal: rank {rank} of {nnodes}, rank 0 answers for the world"}
 
