@@ -123,8 +123,9 @@ def foreign_drop_ins(unit: str, drop_in_paths: str, contents: dict[str, str],
         said = "; ".join(_describe(k, v, hidden) for k, v in settings) if settings else (
             "(nothing readable)" if path not in contents else "(no settings)")
         whose = "for this unit" if mine else "for every service"
-        out.append(f"{path} ({whose}; not written by gpu-serving, an up leaves it: remove it and run "
-                   f"`systemctl daemon-reload`, or declare its settings): {said}")
+        # What it sets first: a preview cuts a long value short.
+        out.append(f"{path} sets {said} ({whose}; not written by gpu-serving, an up leaves it: remove it and run "
+                   f"`systemctl daemon-reload`, or declare its settings)")
     return out
 
 

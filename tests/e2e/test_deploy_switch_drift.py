@@ -192,8 +192,8 @@ def test_a_vendor_drop_in_is_drift_in_the_check_and_in_status_and_the_up_says_it
         assert f"NCCL_DEBUG=INFO set by {vendor}, not declared" in text, text[-3000:]
         done = d.components("status", "--stack", "ep8", timeout=300)
         assert done.returncode == 1, done.stdout + done.stderr
-        assert f"drop-in {vendor} (for this unit;" in done.stdout and f"environment: NCCL_DEBUG=INFO set by {vendor}" in done.stdout, \
-            done.stdout
+        assert f"drop-in {vendor} sets Environment=NCCL_DEBUG=INFO (for this unit;" in done.stdout, done.stdout
+        assert f"environment: NCCL_DEBUG=INFO set by {vendor}" in done.stdout, done.stdout
         said: list[str] = []
         result = d.stack("ep8").up(on_output=said.append)
         assert "a drop-in gpu-serving did not write stays" in "\n".join(said) + result.stderr, "\n".join(said)[-3000:]
