@@ -148,9 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--project-dir", default=".", type=Path)
     b = sub.add_parser("bench", help="run SGLang's serving benchmark on the stack's host against its ready server "
-                                     "(settings gpu-serving:benchmark); results under results/bench/<stack>/<UTC time>/")
-    b.add_argument("--stack", required=True)
-    b.add_argument("--project-dir", default=".", type=Path)
+                                     "(settings gpu-serving:benchmark); results under results/bench/<stack>/<UTC time>/",
+                       description="Run SGLang's own serving benchmark (random-ids prompts, one run per concurrency "
+                                   "level) on the stack's host against its serving strategy, which must be ready in the "
+                                   "declared layout. The workload is the stack's gpu-serving:benchmark settings; the "
+                                   "flags below replace them for this run. Results: results/bench/<stack>/<UTC time>/ "
+                                   "(meta.json and SGLang's output file per level), read by `compare` and `advise`. "
+                                   "Exit 0 with the results written; 2 on a bad setting or flag, a server not ready, "
+                                   "or a failed run.")
+    b.add_argument("--stack", required=True, help="the stack whose serving strategy to measure (Pulumi.<stack>.yaml)")
+    b.add_argument("--concurrency", metavar="C[,C...]",
+                   help="concurrency levels, comma-separated, e.g. 1,32,64 (default: benchmark.concurrency)")
+    b.add_argument("--input-len", type=int, metavar="TOKENS", help="input tokens a request (default: benchmark.inputLen)")
+    b.add_argument("--output-len", type=int, metavar="TOKENS", help="output tokens a request (default: benchmark.outputLen)")
+    b.add_argument("--project-dir", default=".", type=Path, help="directory holding Pulumi.yaml (default: .)")
     compare.add_parser(sub)
     advise_cli.add_parser(sub)
     watch.add_parser(sub)
@@ -158,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command == "bench":
         from .remote.bench import bench_command
-        return bench_command(args.project_dir, args.stack)
+        return bench_command(args.project_dir, args.stack, {"concurrency": args.concurrency, "input_len": args.input_len,
+                                                            "output_len": args.output_len})
 
     if args.command == "status":
         return _status(args)

@@ -1,6 +1,9 @@
 """``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank every layout
 for the stack's host before deploying (components/core/advise.py), from the host block or, with
---facts, from the host facts the last `pulumi up` kept in the stack's state."""
+--facts, from the host facts the last `pulumi up` kept in the stack's state. The workload defaults
+to the stack's `benchmark` settings, the one `components bench` measures. Exit 0; 1 when the
+stack itself is refused by plan, preview and up (the advice is printed all the same); 2 when it
+cannot be advised for (its settings cannot be read, a bad flag)."""
 from __future__ import annotations
 
 import json
@@ -10,19 +13,22 @@ import sys
 from pathlib import Path
 
 from .core import advise as A
+from .core import advise_report as report
+from .core.advise_results import read_results
 from .core.config import parse_settings
 from .core.errors import ConfigError
-from .core.plan import load_stack_config
-from .core.stack_config import stack_names
+from .core.plan import check_stack, load_stack_config
+from .core.stack_config import from_files, stack_names
 from .core.strategy import layout_of
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("advise", help="rank every layout for the stack's host (estimates, before deploying)")
     p.add_argument("--stack", required=True, help="the stack whose host, model and serving settings to advise for")
-    p.add_argument("--concurrency", default="1,32,64", help="concurrent requests to rank for, comma-separated (default 1,32,64)")
-    p.add_argument("--input-len", type=int, default=1024, help="input tokens a request (default 1024)")
-    p.add_argument("--output-len", type=int, default=1024, help="output tokens a request (default 1024)")
+    p.add_argument("--concurrency", help="concurrent requests to rank for, comma-separated "
+                                          "(default: the stack's benchmark.concurrency)")
+    p.add_argument("--input-len", type=int, help="input tokens a request (default: the stack's benchmark.inputLen)")
+    p.add_argument("--output-len", type=int, help="output tokens a request (default: the stack's benchmark.outputLen)")
     p.add_argument("--facts", action="store_true", help="use the host facts in the stack's state (stack output `host`)")
     p.add_argument("--results", type=Path, default=Path("results/bench"),
                    help="benchmark results to calibrate on (default results/bench, one folder per stack)")
@@ -60,19 +66,37 @@ def _facts(project_dir: Path, stack: str) -> dict:
 
 
 def _stack_layouts(project_dir: Path) -> dict:
-    layouts = {}
+    """Every stack of the project: its layout, or why its settings cannot be read."""
+    layouts: dict = {}
     for name in stack_names(project_dir):
         try:
             layouts[name] = layout_of(parse_settings(name, load_stack_config(project_dir, name)))
-        except ConfigError:
-            continue
+        except ConfigError as exc:
+            first = exc.errors[0] if exc.errors else exc
+            layouts[name] = str(first)[:300]
     return layouts
+
+
+def _workload(args, settings) -> tuple[A.Workload, str]:
+    """The flags' workload, the stack's benchmark settings for what they leave out."""
+    b = settings.benchmark
+    concurrency = _concurrency(args.concurrency) if args.concurrency is not None else tuple(b.concurrency)
+    lengths = []
+    for flag, given, default in (("--input-len", args.input_len, b.input_len), ("--output-len", args.output_len, b.output_len)):
+        if given is not None and not 1 <= given <= 1_048_576:
+            raise ConfigError([], f"{flag} {given}: give a number of tokens 1..1048576")
+        lengths.append(default if given is None else given)
+    given = [f for f, v in (("--concurrency", args.concurrency), ("--input-len", args.input_len),
+                            ("--output-len", args.output_len)) if v is not None]
+    source = ("the stack's benchmark settings" if not given else
+              f"{', '.join(given)}" + (", the rest from the stack's benchmark settings" if len(given) < 3 else ""))
+    return A.Workload(concurrency, lengths[0], lengths[1]), source
 
 
 def run(args) -> int:
     try:
-        workload = A.Workload(_concurrency(args.concurrency), args.input_len, args.output_len)
         settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
+        workload, workload_from = _workload(args, settings)
         source, notes = "host block", []
         if args.facts:
             settings, notes = A.host_from_facts(settings, _facts(args.project_dir, args.stack))
@@ -82,12 +106,17 @@ def run(args) -> int:
         return 2
     layouts = _stack_layouts(args.project_dir)
     results = args.results if args.results.is_absolute() else args.project_dir / args.results
-    measured, skipped = A.read_results(results, layouts)
+    measured, skipped = read_results(results, {k: v for k, v in layouts.items() if not isinstance(v, str)})
     advice = A.advise(settings, workload, stacks=layouts, measured=measured, source=source)
     advice.notes[:0] = notes + skipped
+    advice.workload_from = workload_from
+    try:
+        check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir)
+    except ConfigError as exc:
+        advice.stack_refused = list(exc.errors)
     if args.json:
-        json.dump(A.as_dict(advice), sys.stdout, indent=2)
+        json.dump(report.as_dict(advice), sys.stdout, indent=2)
         print()
     else:
-        print(A.render(advice, args.top), end="")
-    return 0
+        print(report.render(advice, args.top), end="")
+    return 1 if advice.stack_refused else 0

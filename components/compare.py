@@ -1,7 +1,8 @@
 """``python -m components compare [--stacks tp8,pp8,ep8]``: the stored benchmark runs side by
 side, as a table, the winner at each concurrency, and a PNG: output throughput and TTFT
-against concurrency, one line per strategy, each labelled with host, SGLang version and date;
-a rehearsal figure says so in its legend entry and in a banner across the top.
+against concurrency (log axes for concurrency and throughput), one line per strategy, each
+labelled with host, the server's version and date, the workload (request lengths, prompts a
+level) in the title; a rehearsal figure says so in its legend entry and in a banner across the top.
 
 The table and the verdicts are built in components/core/compare.py (pure). matplotlib is used
 here only, through its object API on the Agg canvas (no pyplot, no display, no global state),
@@ -25,8 +26,9 @@ def figure(comparison: core.Comparison) -> Figure:
     """The figure, not yet written: tests read its lines and labels before it is saved."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
-    fig = Figure(figsize=(12, 5.4), layout="constrained")
+    fig = Figure(figsize=(12, 6), layout="constrained")
     FigureCanvasAgg(fig)
     throughput, ttft = fig.subplots(1, 2)
     for s in comparison.series:
@@ -35,18 +37,29 @@ def figure(comparison: core.Comparison) -> Figure:
         throughput.plot(levels, [s.points[c].level.output_throughput for c in levels], marker="o", label=label)
         ttft.plot(levels, [s.points[c].level.median_ttft_ms for c in levels], marker="o", label=label)
     concurrencies = comparison.concurrencies
-    for ax, ylabel, title in ((throughput, "output throughput (tok/s)", "Output throughput vs concurrency"),
+    for ax, ylabel, title in ((throughput, "output throughput (tok/s, log scale)", "Output throughput vs concurrency"),
                               (ttft, "TTFT p50 (ms)", "Time to first token vs concurrency")):
-        # Concurrency levels grow by doubling (1, 32, 64): a log axis keeps C=1 apart from C=32.
+        # Concurrency levels grow by doubling (1, 32, 64): a log axis keeps C=1 apart from C=32,
+        # and half a doubling either side keeps the first and last level off the frame.
         ax.set_xscale("log", base=2)
+        ax.set_xlim(min(concurrencies) / 2 ** 0.5, max(concurrencies) * 2 ** 0.5)
         ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
         ax.minorticks_off()
         ax.set_xlabel("concurrency (max concurrent requests)")
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(True, alpha=0.3)
-        ax.set_ylim(bottom=0)
-        ax.legend(fontsize="small")
+    # Throughput spans 25 to 800 tok/s from C=1 to C=32: on a linear axis from 0 the C=1 figure
+    # lies on the axis line. A log axis shows each level's figure and every ratio between them.
+    rates = [s.points[c].level.output_throughput for s in comparison.series for c in s.points]
+    throughput.set_yscale("log")
+    throughput.set_ylim(min(rates) / 2, max(rates) * 2)
+    throughput.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    throughput.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    throughput.yaxis.set_minor_locator(NullLocator())
+    ttft.set_ylim(bottom=0, top=max(s.points[c].level.median_ttft_ms for s in comparison.series for c in s.points) * 1.15)
+    # One legend for both plots (the same lines), under them: inside, it hid the highest figures.
+    fig.legend(*throughput.get_legend_handles_labels(), loc="outside lower center", fontsize="small")
     heading = comparison.title()
     banner = comparison.banner()
     if banner:

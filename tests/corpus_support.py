@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from components.core.pulumi_yaml import PulumiLoader, dump
 from components.core.stack_config import SECRET, from_files
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,12 @@ NS = "gpu-serving"
 
 
 def cases() -> list[tuple[str, dict]]:
-    return [(f.stem, yaml.safe_load(f.read_text())) for f in sorted(CORPUS.glob("*.yaml"))]
+    # Read as Pulumi reads a stack file (`config` is what one says), written back with pulumi_yaml.dump.
+    return [(f.stem, load(f.read_text())) for f in sorted(CORPUS.glob("*.yaml"))]
+
+
+def load(text: str):
+    return yaml.load(text, Loader=PulumiLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def refused_cases() -> list[tuple[str, dict]]:
@@ -52,9 +58,9 @@ def write_project(base: Path, case: dict) -> Path:
     case's stack file and any other stacks it names."""
     project = base / "project"
     project.mkdir(parents=True, exist_ok=True)
-    doc = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    doc = load((ROOT / "Pulumi.yaml").read_text())
     doc["config"].update(copy.deepcopy(case.get("projectConfig") or {}))
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (project / "Pulumi.yaml").write_text(dump(doc))
     for name in ("tp8", "pp8", "ep8"):
         shutil.copy(ROOT / f"Pulumi.{name}.yaml", project / f"Pulumi.{name}.yaml")
     for name, text in (case.get("otherStacks") or {}).items():
@@ -67,7 +73,7 @@ def write_project(base: Path, case: dict) -> Path:
         config.setdefault(f"{NS}:strategy", {"tpSize": 8})
         for key in case.get("secrets") or ():
             config[f"{NS}:{key}"] = {"secure": "v1:c2VjcmV0LW5vdC1zaG93bg=="}
-        path.write_text(yaml.safe_dump({"config": config}, sort_keys=False))
+        path.write_text(dump({"config": config}))
     return project
 
 

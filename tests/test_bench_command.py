@@ -11,6 +11,7 @@ import pytest
 
 from components.core import bench as B
 from components.core.config import parse_settings
+from components.core.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "bench"
 REPO = Path(__file__).resolve().parents[1]
@@ -118,3 +119,42 @@ def test_only_a_ready_server_of_the_stack_is_benchmarked(serving, readiness, wor
     assert why and words in why
     assert B.refusal("tp8", "sglang-kimi-k2.6-tp8.service", "rehearsal:x", ("sglang-kimi-k2.6-tp8.service", "tp8"),
                      {"status": "ready"}) is None
+
+
+def test_bench_help_says_what_it_runs_and_names_every_flag(capsys):
+    """Issue 36.19: `bench --help` listed --stack and --project-dir with no word of what they do."""
+    from components.__main__ import main
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "--help"])
+    assert done.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Run SGLang's own serving benchmark" in out and "results/bench/<stack>/<UTC time>/" in out
+    for flag, says in (("--concurrency", "concurrency levels, comma-separated"), ("--input-len", "input tokens a request"),
+                       ("--output-len", "output tokens a request"), ("--stack", "the stack whose serving strategy")):
+        assert flag in out and says in out, (flag, out)
+
+
+def test_bench_flags_replace_the_stacks_workload_for_one_run():
+    stack = settings(concurrency=[1, 32, 64], inputLen=1024, outputLen=128)
+    run = B.with_flags(stack, concurrency="4, 8", input_len=2048)
+    assert (run.concurrency, run.input_len, run.output_len) == ([4, 8], 2048, 128)
+    assert B.with_flags(stack) == stack
+    with pytest.raises(ConfigError) as info:
+        B.with_flags(stack, concurrency="1,x", input_len=0, output_len=2_000_000)
+    named = {e.setting: e.rule for e in info.value.errors}
+    assert set(named) == {"--concurrency", "--input-len", "--output-len"}, named
+    assert "'1,x' is not a list of numbers" in named["--concurrency"]
+    with pytest.raises(ConfigError) as info:
+        B.with_flags(stack, concurrency="1,1")
+    assert [e.setting for e in info.value.errors] == ["--concurrency"] and "levels must differ" in str(info.value)
+
+
+def test_bad_bench_flags_are_refused_before_any_host_is_reached(tmp_path, capsys):
+    """The flags are checked with the stack's settings, before a connection: a project whose host
+    does not exist still gets the flag's refusal (exit 2), not a connection error."""
+    from components.__main__ import main
+    for name in ("Pulumi.yaml", "Pulumi.tp8.yaml"):
+        (tmp_path / name).write_text((REPO / name).read_text().replace("rehearsal: default", "rehearsal: nosuchhost"))
+    assert main(["bench", "--stack", "tp8", "--project-dir", str(tmp_path), "--input-len", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--input-len: Input should be greater than or equal to 1" in err and "nosuchhost" not in err, err

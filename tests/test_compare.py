@@ -125,20 +125,21 @@ def test_the_figure_has_one_line_per_strategy_on_both_plots(tmp_path):
     for ax, field in ((throughput, "output_throughput"), (ttft, "median_ttft_ms")):
         lines = {line.get_label(): line for line in ax.get_lines()}
         assert list(lines) == [s.label() for s in c.series]
-        assert all("on 10.213.4.2, SGLang 0.0.1+rehearsal, 2026-12-02 (rehearsal)" in k for k in lines)
+        assert all("on 10.213.4.2, rehearsal engine 0.0.1+rehearsal, 2026-12-02 (rehearsal)" in k for k in lines)
         for s in c.series:
             line = lines[s.label()]
             assert list(line.get_xdata()) == sorted(s.points)
             assert list(line.get_ydata()) == [getattr(s.points[x].level, field) for x in sorted(s.points)]
         assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "32"]
-        assert [t.get_text() for t in ax.get_legend().get_texts()] == list(lines)
+    [legend] = fig.legends  # one, under both plots
+    assert [t.get_text() for t in legend.get_texts()] == [s.label() for s in c.series]
     title = fig.get_suptitle()
     assert title.startswith("REHEARSAL: ") and "kimi-k2.6" in title
     png = cli_compare.write_png(fig, tmp_path / "out" / "compare.png")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
     width, height = struct.unpack(">II", data[16:24])
-    assert (width, height) == (1320, 594)  # 12 x 5.4 inches at 110 dpi
+    assert (width, height) == (1320, 660)  # 12 x 6 inches at 110 dpi
     assert 30_000 < len(data) < 1_000_000
 
 
@@ -288,10 +289,37 @@ def test_a_run_as_components_bench_writes_it_reads_back(tmp_path):
     assert (got.strategy, got.layout, got.model, got.host) == ("TP8", "tp 8, pp 1, ep 8, dp 1", settings.model.name,
                                                                "10.213.4.2")
     assert (got.sglang_version, got.rehearsal, got.date, got.notes) == ("0.5.9", True, "2026-12-01", ())
+    assert got.server_version == "0.0.1+rehearsal" and got.settings["inputLen"] == settings.benchmark.input_len
     assert sorted(got.levels) == [1, 32]
     for record in records:
         level = got.levels[record["max_concurrency"]]
         assert (level.output_throughput, level.median_ttft_ms) == (record["output_throughput"], record["median_ttft_ms"])
     c = compare.load(tmp_path / "bench", ["tp8"])
-    assert c.series[0].label() == "TP8 on 10.213.4.2, SGLang 0.5.9, 2026-12-01 (rehearsal)"
-    assert c.title() == f"{settings.model.name}: SGLang serving benchmark"
+    # The legend names what served (the rehearsal engine), not the benchmark client (SGLang 0.5.9).
+    assert c.series[0].label() == "TP8 on 10.213.4.2, rehearsal engine 0.0.1+rehearsal, 2026-12-01 (rehearsal)"
+    # SGLang's own record of the lengths (128 / 32 in this file) wins over meta.json's settings.
+    assert c.title() == (f"{settings.model.name}: SGLang serving benchmark, 128 in + 32 out tokens a request, "
+                         "5 prompts per concurrent request")
+
+
+def test_the_png_shows_c1_off_the_axis_with_the_workload_and_the_servers_version():
+    """Issue 36.19, on the README picture's runs (tests/data/compare/bench-rehearsal): the C=1
+    throughput (24 tok/s beside 690) sat on the axis line, the title did not say the workload,
+    and the legend named the benchmark client's SGLang (0.5.9) for a run served by the rehearsal
+    engine. Now: concurrency and throughput on log axes, every point clear of the frame, the
+    request lengths and prompts a level in the title, the server's version in the legend."""
+    c = compare.load(DATA / "bench-rehearsal" / "results" / "bench", ["tp8", "pp8"])
+    fig = cli_compare.figure(c)
+    throughput, ttft = fig.axes
+    assert throughput.get_xscale() == "log" and throughput.get_yscale() == "log" and ttft.get_xscale() == "log"
+    for ax in (throughput, ttft):
+        for line in ax.get_lines():
+            for x, y in zip(line.get_xdata(), line.get_ydata()):
+                ax_x, ax_y = ax.transAxes.inverted().transform(ax.transData.transform((x, y)))
+                assert 0.05 < ax_x < 0.95 and 0.05 < ax_y < 0.95, (ax.get_title(), line.get_label(), x, y, ax_x, ax_y)
+    title = fig.get_suptitle()
+    assert "64 in + 16 out tokens a request, 5 prompts per concurrent request" in title, title
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert all("rehearsal engine 0.0.1+rehearsal" in label and "0.5.9" not in label for label in labels), labels
+    gpu = compare.load(SEED, ["tp8", "pp8"])
+    assert all(", SGLang 0.5.23, " in s.label() for s in gpu.series)

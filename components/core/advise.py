@@ -22,7 +22,7 @@ The cost model (docs/advise.md) prices one decode step of a server replica, per 
 The KV room from the memory plan bounds how many requests a layout holds at once: beyond it
 requests queue. Constants no data sheet gives are fitted to the seed's measurements
 (data/advise-model.json, `fit_seed`); with benchmark results of some layouts the model is
-calibrated on them (`calibrate`).
+calibrated on the results measured at the same workload (`calibrate`).
 """
 from __future__ import annotations
 
@@ -33,10 +33,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .config import A2A_BACKENDS, NAMESPACE, StackSettings, StrategySettings
+from .advise_results import Measurement
+from .compare import TIE_PERCENT
+from .config import A2A_BACKENDS, StackSettings, StrategySettings
 from .errors import SettingError
-from .memory import GB, MemoryPlan, plan_memory, pp_layer_split
-from .strategy import Layout, check_extra_args, check_strategy, check_unit_name, check_visible_gpus
+from .layout_check import check_layout
+from .memory import GB, MemoryPlan, pp_layer_split
+from .strategy import Layout, check_extra_args, check_unit_name
 
 DATA = Path(__file__).parent / "data"
 # The all-to-all backend the advisor tries for expert parallelism (SGLang lists several; they
@@ -231,22 +234,14 @@ class Candidate:
 
 
 def judge(settings: StackSettings, L: Layout) -> Candidate:
-    """The layout through the program's own checks: SGLang's rules and the memory plan."""
+    """The layout through the program's own check (`layout_check.check_layout`, what `plan`,
+    `preview` and `up` run): SGLang's rules and the memory plan."""
     s = with_layout(settings, L)
     # Problems of the stack that no layout changes (extraArgs, the unit name) are not the layout's.
     unrelated = {(e.setting, e.rule) for e in check_extra_args(s.serving.extra_args) + check_unit_name(s)}
-    errors = [e for e in check_strategy(s) + check_visible_gpus(s) if (e.setting, e.rule) not in unrelated]
-    if L.moe_a2a_backend != "none" and s.host.interconnect != "nvlink" and not errors:
-        # Not a rule of SGLang's parser but of the kernels: DeepEP's intranode all-to-all needs
-        # NVLink between the GPUs (NVSHMEM over PCIe alone is not supported).
-        errors.append(SettingError(f"{NAMESPACE}:strategy.moeA2aBackend",
-                                   f"the {L.moe_a2a_backend} all-to-all needs NVLink between GPUs; host.interconnect is "
-                                   f"{s.host.interconnect}", "use moeA2aBackend: none (EP over all-reduce)"))
-    memory = None
-    if not errors:
-        memory, mem_errors = plan_memory(s)
-        errors += mem_errors
-    return Candidate(L, layout_name(L), s, memory, errors)
+    errors, memory = check_layout(s)
+    errors = [e for e in errors if (e.setting, e.rule) not in unrelated]
+    return Candidate(L, layout_name(L), s, memory if not errors else None, errors)
 
 
 # ---------------------------------------------------------------------------- the cost model
@@ -410,6 +405,17 @@ def _reasons(c: Candidate, e: Estimate, ctx: Context, bound: str, b: float) -> l
 # ---------------------------------------------------------------------------- advice
 
 
+@dataclass(frozen=True)
+class OwnStack:
+    """One of the project's stacks, as the advice sees it: its layout valid or refused on this
+    host, or not one of the layouts considered (multi-node, another GPU count), or unreadable."""
+
+    name: str
+    layout: Optional[Layout]
+    verdict: str  # "valid", "refused", "not considered", "unreadable"
+    detail: str = ""
+
+
 @dataclass
 class Advice:
     settings: StackSettings
@@ -420,12 +426,38 @@ class Advice:
     ranking: dict[int, list[Estimate]]
     calibration: Optional["Calibration"] = None
     notes: list[str] = field(default_factory=list)
+    own: list[OwnStack] = field(default_factory=list)
+    workload_from: str = "given"  # where the lengths come from: the stack's benchmark settings, or flags
+    # The advised stack's own refusals by plan/preview/up (the CLI runs plan.check_stack): the
+    # advice is still printed, and the command exits non-zero.
+    stack_refused: list[SettingError] = field(default_factory=list)
+
+    @property
+    def model_error(self) -> float:
+        """The model's mean error: on the benchmark results calibrated on, else on the seed's
+        four measurements it was fitted to."""
+        cal = self.calibration
+        return cal.error_after if cal and cal.points else seed_error()
+
+    @property
+    def tie_band(self) -> float:
+        """Estimates closer than this are a tie: within the model's error, and never closer than
+        `compare` calls a measured tie."""
+        return max(self.model_error, TIE_PERCENT / 100)
+
+    def leaders(self, estimates: list[Estimate]) -> list[Estimate]:
+        """The estimates the model cannot tell from the best (within `tie_band` of it)."""
+        if not estimates:
+            return []
+        top = max(e.tok_s for e in estimates)
+        return [e for e in estimates if e.tok_s * (1 + self.tie_band) >= top]
 
 
-def advise(settings: StackSettings, workload: Workload, *, stacks: Optional[dict[str, Layout]] = None,
+def advise(settings: StackSettings, workload: Workload, *, stacks: Optional[dict[str, "Layout | str"]] = None,
            measured: Iterable["Measurement"] = (), source: str = "host block", tuning: Optional[Tuning] = None) -> Advice:
     """Every layout for the host's GPU count, refused ones with the rule, valid ones ranked for
-    each concurrency of `workload`; calibrated on `measured` when there are any."""
+    each concurrency of `workload`; calibrated on the `measured` results of that workload.
+    `stacks`: the project's stacks, each its layout or why it cannot be read."""
     h = settings.host
     link = link_of(h.interconnect)
     gpu = gpu_figures(h.gpu_model)
@@ -435,23 +467,62 @@ def advise(settings: StackSettings, workload: Workload, *, stacks: Optional[dict
         notes.append(f"GPU model {h.gpu_model!r} is not in components/core/data/gpus.json: "
                      f"assuming {gpu.name} figures ({gpu.bandwidth_gbps:g} GB/s)")
     judged = [judge(settings, L) for L in candidate_layouts(h.gpu_count, settings.model.num_experts > 0)]
+    layouts = {name: L for name, L in (stacks or {}).items() if isinstance(L, Layout)}
     for c in judged:
-        c.stacks = sorted(name for name, L in (stacks or {}).items() if L == c.layout)
+        c.stacks = sorted(name for name, L in layouts.items() if L == c.layout)
     valid = [c for c in judged if c.valid]
     refused = [c for c in judged if not c.valid]
     measured = list(measured)
+    # Only measurements of this workload say anything about these estimates (issue 36.16).
+    same = [m for m in measured if m.is_at(workload.input_len, workload.output_len)]
+    notes += other_workloads([m for m in measured if m not in same], workload)
     calibration = None
-    if measured and valid:
-        calibration = calibrate(valid, measured, ctx)
+    if same and valid:
+        calibration = calibrate(valid, same, ctx)
         ctx = replace(ctx, tuning=calibration.tuning)
     ranking = {}
     for conc in workload.concurrency:
         estimates = [estimate(c, conc, ctx) for c in valid]
         for e in estimates:
-            e.measured = next((m.output_throughput for m in measured
+            e.measured = next((m.output_throughput for m in same
                                if m.layout == _layout_by_name(valid, e.name) and m.concurrency == conc), None)
         ranking[conc] = sorted(estimates, key=lambda e: (-e.tok_s, e.name))
-    return Advice(settings, source, ctx, valid, refused, ranking, calibration, notes)
+    return Advice(settings, source, ctx, valid, refused, ranking, calibration, notes, own_stacks(stacks or {}, judged, h.gpu_count))
+
+
+def other_workloads(others: list["Measurement"], workload: Workload) -> list[str]:
+    """A note per stack and workload for the results not used: measured at other lengths."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for m in others:
+        groups.setdefault((m.stack, m.workload), []).append(m.concurrency)
+    notes = []
+    for (stack, measured_at), levels in sorted(groups.items()):
+        levels = ", ".join(map(str, sorted(set(levels))))
+        use = next((m for m in others if m.stack == stack and m.workload == measured_at), None)
+        hint = (f" (--input-len {use.input_len} --output-len {use.output_len} advises for them)"
+                if use and use.input_len and use.output_len and use.range_ratio == 1.0 else "")
+        notes.append(f"results of {stack} at C={levels} were measured at {measured_at}, not this workload "
+                     f"({workload.input_len} in / {workload.output_len} out): not calibrated on, not shown{hint}")
+    return notes
+
+
+def own_stacks(stacks: dict[str, "Layout | str"], judged: list[Candidate], gpus: int) -> list[OwnStack]:
+    out = []
+    for name, L in sorted(stacks.items()):
+        if not isinstance(L, Layout):
+            out.append(OwnStack(name, None, "unreadable", str(L)))
+            continue
+        c = next((c for c in judged if c.layout == L), None)
+        if c is None:
+            why = ("the advisor covers one host" if L.nnodes > 1
+                   else f"not a layout of this host's {gpus} GPUs")
+            out.append(OwnStack(name, L, "not considered", why))
+        elif c.valid:
+            out.append(OwnStack(name, L, "valid"))
+        else:
+            e = c.refused[0]
+            out.append(OwnStack(name, L, "refused", f"{e.setting}: {e.rule}"))
+    return out
 
 
 def _layout_by_name(cands: list[Candidate], name: str) -> Optional[Layout]:
@@ -459,18 +530,6 @@ def _layout_by_name(cands: list[Candidate], name: str) -> Optional[Layout]:
 
 
 # ---------------------------------------------------------------------------- calibration
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One benchmark level of one layout (SGLang bench_serving's result fields)."""
-
-    stack: str
-    layout: Layout
-    concurrency: int
-    output_throughput: float
-    path: str = ""
-    rehearsal: bool = False
 
 
 @dataclass
@@ -518,7 +577,14 @@ SEED_POINTS = (("tp8", Layout(8, 1, 1, 1, False, "none"), 1, 26.0), ("tp8", Layo
 
 
 def seed_measurements() -> list[Measurement]:
-    return [Measurement(stack, L, c, tok) for stack, L, c, tok in SEED_POINTS]
+    # Measured with 1024 input and 1024 output tokens a request.
+    return [Measurement(stack, L, c, tok, input_len=1024, output_len=1024) for stack, L, c, tok in SEED_POINTS]
+
+
+def seed_error() -> float:
+    """The shipped constants' mean error on the seed's measurements (data/advise-model.json
+    `seedError`, what `fit_seed` returns with them; checked by the tests)."""
+    return float(_json("advise-model.json")["seedError"])
 
 
 def fit_seed(settings: StackSettings, workload: Workload = Workload()) -> tuple[Tuning, float]:
@@ -573,147 +639,3 @@ def host_from_facts(settings: StackSettings, facts: dict) -> tuple[StackSettings
     if not update:
         notes.append("host facts agree with the host block")
     return settings.model_copy(update={"host": h.model_copy(update=update)}), notes
-
-
-def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[Measurement], list[str]]:
-    """Benchmark results under `folder` (results/bench/<stack>/<time>/*.json or .jsonl, SGLang
-    bench_serving's fields): the newest result per stack and concurrency. Files that are not
-    such results are skipped with a note, never an error."""
-    found: dict[tuple[str, int], tuple[str, Measurement]] = {}
-    notes = []
-    if not folder.is_dir():
-        return [], notes
-    for stack_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
-        layout = stack_layouts.get(stack_dir.name)
-        files = sorted(list(stack_dir.rglob("*.json")) + list(stack_dir.rglob("*.jsonl")))
-        if files and layout is None:
-            notes.append(f"results for {stack_dir.name} skipped: no valid Pulumi.{stack_dir.name}.yaml to say its layout")
-            continue
-        for f in files:
-            for doc in _documents(f):
-                try:
-                    conc = int(doc.get("max_concurrency") or doc.get("concurrency") or 0)
-                    tput = float(doc["output_throughput"])
-                except (KeyError, TypeError, ValueError):
-                    continue
-                if conc <= 0 or tput <= 0:
-                    continue
-                # SGLang's client records the server's own version in server_info: the rehearsal
-                # engine's says so even where nothing else in the line does.
-                info = doc.get("server_info") if isinstance(doc.get("server_info"), dict) else {}
-                rehearsal = any("rehearsal" in str(doc.get(k, "")).lower()
-                                for k in ("version", "sglang_version", "backend", "engine", "note")) \
-                    or doc.get("rehearsal") is True or "rehearsal" in str(info.get("version", "")).lower()
-                key = (stack_dir.name, conc)
-                stamp = str(f.relative_to(stack_dir))
-                if key not in found or stamp > found[key][0]:
-                    found[key] = (stamp, Measurement(stack_dir.name, layout, conc, tput, str(f), rehearsal))
-    return [m for _, m in sorted(found.values(), key=lambda x: (x[1].stack, x[1].concurrency))], notes
-
-
-def _documents(path: Path) -> list[dict]:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError):
-        return []
-    try:
-        doc = json.loads(text)
-        docs = doc if isinstance(doc, list) else [doc]
-    except ValueError:
-        docs = []
-        for line in text.splitlines():
-            try:
-                docs.append(json.loads(line))
-            except ValueError:
-                continue
-    out = []
-    for d in docs:
-        if isinstance(d, dict):
-            # A wrapper {"result": {...}} or {"results": [...]} as a runner may write it.
-            inner = d.get("results") if isinstance(d.get("results"), list) else [d.get("result", d)]
-            out += [x for x in inner if isinstance(x, dict)]
-    return out
-
-
-# ---------------------------------------------------------------------------- text
-
-
-def render(a: Advice, top: int = 8) -> str:
-    s, h, ctx = a.settings, a.settings.host, a.ctx
-    w = ctx.workload
-    lines = [f"advise (ESTIMATES from a cost model, not measurements): stack {s.stack}, {s.model.name} on "
-             f"{h.gpu_count} x {h.gpu_model} ({h.gpu_memory_gb:g} GB), interconnect {h.interconnect} (from the {a.source})",
-             f"workload: {w.input_len} input + {w.output_len} output tokens a request; concurrency "
-             f"{', '.join(map(str, w.concurrency))}",
-             f"model: {ctx.gpu.name} {ctx.gpu.bandwidth_gbps:g} GB/s x {ctx.tuning.efficiency:g}; {ctx.link.kind} "
-             f"all-reduce {ctx.link.latency_us:.0f} us + bytes / {ctx.link.busbw_gbps:g} GB/s between 2 GPUs "
-             f"({ctx.link.growth}; {ctx.link.source}), host link x{ctx.tuning.comm_scale:g} latency x{ctx.tuning.link_bandwidth_scale:g} "
-             "bandwidth; constants fitted to the seed's TP8/PP8 measurements"]
-    cal = a.calibration
-    if cal and cal.points:
-        pts = ", ".join(f"{p.stack} C={p.concurrency}" for p in cal.points)
-        lines.append(f"calibrated on {len(cal.points)} benchmark result(s) ({pts})"
-                     f"{' -- REHEARSAL figures, not GPU measurements' if cal.rehearsal else ''}: mean error "
-                     f"{cal.error_before:.0%} -> {cal.error_after:.0%}; scales communication x{cal.tuning.comm_scale:.2f}, "
-                     f"GPU x{cal.tuning.gpu_scale:.2f}, pipeline overlap x{cal.tuning.overlap_scale:.2f}")
-    else:
-        lines.append("not calibrated: no benchmark results (python -m components bench) for these layouts")
-    lines += [f"note: {n}" for n in a.notes]
-    lines.append("")
-    lines.append(f"valid layouts ({len(a.valid)}): weights and KV room per GPU from the memory plan")
-    for c in sorted(a.valid, key=lambda c: c.name):
-        m = c.memory
-        lines.append(f"  {c.name:<22} {c.layout.describe():<40} weights {m.weights_gb:6.1f} GB, KV {m.kv_pool_gb:5.1f} GB "
-                     f"= {m.max_total_tokens * c.layout.dp_size:>9,} tokens{_stacks(c)}")
-    lines.append(f"refused layouts ({len(a.refused)}): the rule each breaks")
-    for c in sorted(a.refused, key=lambda c: c.name):
-        e = c.refused[0]
-        lines.append(f"  {c.name:<22} {c.layout.describe():<40} {e.setting}: {e.rule}" + (f" ({e.fix})" if e.fix else ""))
-    for conc, ests in a.ranking.items():
-        lines.append("")
-        lines.append(f"concurrency {conc}: estimated output tok/s (all requests), ranked")
-        for i, e in enumerate(ests[:top], 1):
-            measured = f"  measured {e.measured:.0f}" if e.measured is not None else ""
-            stacks = next((_stacks(c) for c in a.valid if c.name == e.name), "")
-            lines.append(f"  {i:>2}. {e.name:<22} {e.tok_s:8.1f} tok/s  {e.per_request_tok_s:6.1f}/request"
-                         f"{measured}  {'; '.join(e.reasons)}{stacks}")
-        if len(ests) > top:
-            lines.append(f"      ... {len(ests) - top} more (--top {len(ests)})")
-        mine = [(e, c) for e in ests for c in a.valid if c.name == e.name and c.stacks]
-        if mine:
-            lines.append("  the project's stacks: " + ", ".join(
-                f"{'/'.join(c.stacks)} {e.tok_s:.1f}" for e, c in mine))
-            # The choice the operator is making today is between the stacks they have written;
-            # the overall best below may be a layout nobody deployed yet (a prediction to check).
-            lines.append(f"  best of the project's stacks at C={conc}: {'/'.join(mine[0][1].stacks)} "
-                         f"({ESTIMATE} {mine[0][0].tok_s:.0f} tok/s)")
-        if len(ests) > 1:
-            first, second = ests[0], ests[1]
-            lines.append(f"  best at C={conc}: {first.name} ({ESTIMATE} {first.tok_s:.0f} tok/s, "
-                         f"{first.tok_s / second.tok_s:.2f}x {second.name})")
-    return "\n".join(lines) + "\n"
-
-
-def _stacks(c: Candidate) -> str:
-    return f"  (stack {', '.join(c.stacks)})" if c.stacks else ""
-
-
-def as_dict(a: Advice) -> dict:
-    return {
-        "label": ESTIMATE,
-        "stack": a.settings.stack,
-        "host": {"gpu_count": a.settings.host.gpu_count, "gpu_memory_gb": a.settings.host.gpu_memory_gb,
-                 "gpu_model": a.settings.host.gpu_model, "interconnect": a.settings.host.interconnect, "source": a.source},
-        "calibrated_on": [{"stack": p.stack, "concurrency": p.concurrency, "output_throughput": p.output_throughput,
-                           "rehearsal": p.rehearsal} for p in (a.calibration.points if a.calibration else [])],
-        "valid": [{"name": c.name, "layout": c.layout.describe(), "stacks": c.stacks,
-                   "weights_gb": c.memory.weights_gb, "kv_pool_gb": c.memory.kv_pool_gb,
-                   "kv_tokens": c.memory.max_total_tokens * c.layout.dp_size} for c in a.valid],
-        "refused": [{"name": c.name, "layout": c.layout.describe(),
-                     "rules": [{"setting": e.setting, "rule": e.rule, "fix": e.fix} for e in c.refused]} for c in a.refused],
-        "ranking": {str(conc): [{"name": e.name, "tok_s": round(e.tok_s, 1), "per_request_tok_s": round(e.per_request_tok_s, 2),
-                                 "held": e.held, "step_ms": round(e.step_ms, 2), "bubble": round(e.bubble, 3),
-                                 "prefill_ms": round(e.prefill_ms, 1), "reasons": e.reasons, "measured": e.measured}
-                                for e in ests] for conc, ests in a.ranking.items()},
-        "notes": a.notes,
-    }

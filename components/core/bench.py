@@ -19,7 +19,10 @@ import shlex
 from datetime import datetime, timezone
 from typing import Any, Optional
 
+from pydantic import ValidationError
+
 from .config import BenchmarkSettings
+from .errors import ConfigError, SettingError
 
 RESULTS_DIR = "results/bench"
 # Timestamp of a run's directory: UTC, sortable, no ':' (a path component on every OS).
@@ -223,6 +226,39 @@ def host_spec(*, stack: str, settings, plan, entry: str, declared: dict) -> dict
 
 def settings_of(spec: dict) -> BenchmarkSettings:
     return BenchmarkSettings.model_validate(spec["benchmark"])
+
+
+# `python -m components bench` flags over the stack's gpu-serving:benchmark settings.
+FLAGS = {"concurrency": "--concurrency", "inputLen": "--input-len", "outputLen": "--output-len"}
+
+
+def with_flags(benchmark: BenchmarkSettings, *, concurrency: Optional[str] = None, input_len: Optional[int] = None,
+               output_len: Optional[int] = None) -> BenchmarkSettings:
+    """The stack's benchmark settings with what the flags give for this run, checked by the
+    settings' own rules; a `ConfigError` names the flag and the rule."""
+    given: dict[str, Any] = {}
+    problems = []
+    if concurrency is not None:
+        try:
+            given["concurrency"] = [int(x) for x in concurrency.split(",") if x.strip()]
+        except ValueError:
+            problems.append(SettingError("--concurrency", f"{concurrency!r} is not a list of numbers",
+                                         "give concurrent requests separated by commas, e.g. --concurrency 1,32,64"))
+    if input_len is not None:
+        given["inputLen"] = input_len
+    if output_len is not None:
+        given["outputLen"] = output_len
+    try:
+        checked = BenchmarkSettings.model_validate({**benchmark.model_dump(by_alias=True), **given})
+    except ValidationError as exc:
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else ""
+            problems.append(SettingError(FLAGS.get(field, f"gpu-serving:benchmark.{field}"),
+                                         err["msg"].removeprefix("Value error, ")))
+    else:
+        if not problems:
+            return checked
+    raise ConfigError(problems, "python -m components bench")
 
 
 # The figures of each level the stack output `benchmark` carries (a level summary's keys).

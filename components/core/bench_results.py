@@ -55,10 +55,16 @@ class Run:
     layout: str  # e.g. "tp 8, pp 1, ep 8, dp 1"; "" when not recorded
     host: str
     model: str
-    sglang_version: str
+    sglang_version: str  # the benchmark client's SGLang (meta.json `sglang_version`)
     rehearsal: bool
     levels: dict[int, Level]
     notes: tuple[str, ...] = ()  # levels or files skipped, and why
+    # The server's own version (what /server_info said): the serving SGLang, or the rehearsal
+    # engine's; the client's when nothing else recorded it (a venv client is the server's SGLang).
+    server_version: str = ""
+    # The benchmark settings `components bench` recorded (inputLen, outputLen, rangeRatio,
+    # promptsPerConcurrency); {} for runs stored without them.
+    settings: dict = field(default_factory=dict, compare=False)
 
     @property
     def date(self) -> str:
@@ -180,9 +186,11 @@ def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run
             all_levels.append(level)
     info = _server_info(all_levels)
     version = str(meta.get("sglang_version") or info.get("version") or "unknown")
+    server_version = str(meta.get("server_version") or info.get("version") or version)
     # A rehearsal figure must never pass for a GPU measurement: the engine's version says
     # "rehearsal" even when meta.json is missing or wrong.
-    rehearsal = bool(meta.get("rehearsal")) or "rehearsal" in version or "rehearsal" in str(info.get("version", ""))
+    rehearsal = bool(meta.get("rehearsal")) or "rehearsal" in version or "rehearsal" in str(info.get("version", "")) \
+        or "rehearsal" in str(meta.get("server_version", ""))
     strategy = meta.get("strategy")
     # `components bench` records the stack's strategy name as the operator spelled it (tp8);
     # a comparison names strategies as the field writes them (TP8).
@@ -202,7 +210,9 @@ def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run
     return Run(stack=stack, folder=folder, time=_parse_time(meta.get("time")) or _parse_time(folder),
                strategy=strategy, layout=str(layout or ""), host=str(meta.get("host") or "unknown host"),
                model=str(model or info.get("served_model_name") or info.get("model_path") or "unknown model"),
-               sglang_version=version, rehearsal=rehearsal, levels=dict(sorted(by_level.items())), notes=tuple(notes))
+               sglang_version=version, rehearsal=rehearsal, levels=dict(sorted(by_level.items())), notes=tuple(notes),
+               server_version=server_version,
+               settings=meta["settings"] if isinstance(meta.get("settings"), dict) else {})
 
 
 def load_run(folder: Path, stack: str) -> Run:

@@ -68,7 +68,18 @@ class Series:
 
     @property
     def versions(self) -> str:
+        """The server's version (what served the benchmark), not the benchmark client's."""
+        return self._joined("server_version")
+
+    @property
+    def client_versions(self) -> str:
         return self._joined("sglang_version")
+
+    @property
+    def server(self) -> str:
+        # The rehearsal engine is not SGLang: its version says so, and the legend too.
+        what = "rehearsal engine" if "rehearsal" in self.versions else "SGLang"
+        return f"{what} {self.versions}"
 
     @property
     def dates(self) -> str:
@@ -76,8 +87,8 @@ class Series:
         return dates[0] if len(dates) == 1 else f"{dates[0]}..{dates[-1]}"
 
     def label(self) -> str:
-        """The legend entry: what was measured, where, when, with which SGLang."""
-        text = f"{self.strategy} on {self.hosts}, SGLang {self.versions}, {self.dates}"
+        """The legend entry: what was measured, where, when, on which server."""
+        text = f"{self.strategy} on {self.hosts}, {self.server}, {self.dates}"
         return text + (" (rehearsal)" if self.rehearsal else "")
 
 
@@ -100,9 +111,17 @@ class Comparison:
         """Rehearsal and GPU figures side by side: they do not compare."""
         return self.rehearsal and not all(s.rehearsal for s in self.series)
 
+    def workloads(self) -> list[str]:
+        """Each workload measured (`workload_of`), in the order first seen."""
+        return list(dict.fromkeys(workload_of(p) for s in self.series for p in s.points.values()))
+
     def title(self) -> str:
+        """What was measured: the model, the request lengths and the prompts a level."""
         models = ", ".join(dict.fromkeys(s.models for s in self.series))
-        return f"{models}: SGLang serving benchmark"
+        workloads = self.workloads()
+        lengths = workloads[0] if len(workloads) == 1 else "request lengths differ (below)"
+        prompts = prompts_of([p for s in self.series for p in s.points.values()])
+        return f"{models}: SGLang serving benchmark, {lengths}, {prompts}"
 
     def warnings(self) -> list[str]:
         out = []
@@ -112,6 +131,9 @@ class Comparison:
             out.append(f"{reh} measured on the rehearsal engine, {gpu} on GPUs: these figures do not compare")
         if len({s.models for s in self.series}) > 1:
             out.append("the stacks served different models: the comparison is of models as much as of strategies")
+        if len(self.workloads()) > 1:
+            out.append(f"the levels were measured at different request lengths ({'; '.join(self.workloads())}): "
+                       "their figures do not compare")
         if len({s.hosts for s in self.series}) > 1:
             out.append("the stacks ran on different hosts: the comparison is of hosts as much as of strategies")
         return out
@@ -122,6 +144,30 @@ class Comparison:
             return None
         names = ", ".join(s.strategy for s in self.series if s.rehearsal)
         return f"REHEARSAL: {names} ran on the rehearsal engine (a performance model, no GPU): not a GPU measurement"
+
+
+def workload_of(p: Point) -> str:
+    """The request lengths one level measured: SGLang's own record, else the run's meta.json."""
+    raw, settings = p.level.raw, p.run.settings
+    inp, out, ratio = raw.get("random_input_len"), raw.get("random_output_len"), raw.get("random_range_ratio", 1.0)
+    if not isinstance(inp, int) or not isinstance(out, int):
+        inp, out, ratio = settings.get("inputLen"), settings.get("outputLen"), settings.get("rangeRatio", 1.0)
+    if not isinstance(inp, int) or not isinstance(out, int):
+        return "request lengths not recorded"
+    drawn = f" (drawn from {ratio:g}x..1x)" if isinstance(ratio, (int, float)) and ratio != 1.0 else ""
+    return f"{inp} in + {out} out tokens a request{drawn}"
+
+
+def prompts_of(points: list[Point]) -> str:
+    """Prompts a level: bench's promptsPerConcurrency x concurrency, else what the levels completed."""
+    per = {p.run.settings.get("promptsPerConcurrency") for p in points}
+    if len(per) == 1 and isinstance(next(iter(per)), int):
+        return f"{next(iter(per))} prompts per concurrent request"
+    ratios = {p.level.completed / p.level.concurrency for p in points}
+    if len(ratios) == 1 and float(next(iter(ratios))).is_integer():
+        return f"{int(next(iter(ratios)))} prompts per concurrent request (as completed)"
+    levels = sorted({(p.level.concurrency, p.level.completed) for p in points})
+    return "prompts completed: " + ", ".join(f"{n} at C={c}" for c, n in levels)
 
 
 def build(runs_by_stack: dict[str, list[Run]], results_hint: str = "results/bench") -> Comparison:
@@ -244,13 +290,14 @@ def render(comparison: Comparison) -> str:
 def as_dict(comparison: Comparison) -> dict:
     return {
         "rehearsal": comparison.rehearsal,
+        "workloads": comparison.workloads(),
         "banner": comparison.banner(),
         "warnings": comparison.warnings(),
         "missing": comparison.missing,
         "notes": comparison.notes,
         "strategies": [{
             "stack": s.stack, "strategy": s.strategy, "layout": s.newest.layout, "host": s.hosts, "model": s.models,
-            "sglang_version": s.versions, "dates": s.dates, "rehearsal": s.rehearsal,
+            "server_version": s.versions, "client_version": s.client_versions, "dates": s.dates, "rehearsal": s.rehearsal,
             "levels": {str(c): {"output_throughput": p.level.output_throughput, "median_ttft_ms": p.level.median_ttft_ms,
                                 "p99_ttft_ms": p.level.p99_ttft_ms, "median_itl_ms": p.level.median_itl_ms,
                                 "run": f"{p.run.stack}/{p.run.folder}"} for c, p in s.points.items()},

@@ -452,6 +452,7 @@ class ModelSettings(Settings):
     num_layers: int = Field(ge=1, le=1000)
     num_experts: int = Field(ge=0, le=100000)  # 0 = dense model
     moe_intermediate_size: int = Field(ge=0)
+    num_attention_heads: Optional[int] = Field(None, ge=1, le=100000)  # config.json's; None: not checked
     kv_lora_rank: int = Field(ge=0)  # 0 = not MLA
     qk_rope_head_dim: int = Field(ge=0)
     kv_dtype_bytes: float = Field(2, gt=0, le=4)

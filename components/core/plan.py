@@ -16,7 +16,8 @@ from typing import Any
 from .config import NAMESPACE, ServingSettings, StackSettings, parse_settings
 from .cuda import settings_problems
 from .errors import ConfigError, SettingError
-from .memory import MemoryPlan, plan_memory
+from .layout_check import check_layout
+from .memory import MemoryPlan
 from .stack_config import (
     RawConfig,
     from_files,
@@ -24,7 +25,7 @@ from .stack_config import (
     project_settings,
     stack_names,
 )
-from .strategy import Layout, check_strategy, check_visible_gpus, layout_of
+from .strategy import Layout, layout_of
 from .unit import (
     RenderedUnit,
     environment,
@@ -104,11 +105,9 @@ def build_plan(settings: StackSettings, project_environment: dict[str, str] | No
     `project_environment_dir`: Pulumi.yaml's `serving.environmentDir`; a stack with another one
     has a file of its own, where its values of the project's variables may differ."""
     shared = dict(settings.serving.environment if project_environment is None else project_environment)
-    errors: list[SettingError] = check_strategy(settings) + check_visible_gpus(settings)
+    errors, memory = check_layout(settings)
     if project_environment_dir in (None, settings.serving.environment_dir):
         errors += shared_variable_errors(settings, shared)
-    memory, memory_errors = plan_memory(settings)
-    errors += memory_errors
     if errors:
         raise ConfigError(errors, f"stack {settings.stack}")
     env = environment(settings)

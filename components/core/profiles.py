@@ -9,7 +9,8 @@ from __future__ import annotations
 PROFILES: dict[str, dict] = {
     # Kimi K2.x (K2, K2.5, K2.6 share the DeepSeek-V3 architecture at a larger expert count).
     # Layers, experts, MoE width and MLA ranks: the model's config.json (num_hidden_layers 61,
-    # n_routed_experts 384, moe_intermediate_size 2048, kv_lora_rank 512, qk_rope_head_dim 64).
+    # n_routed_experts 384, moe_intermediate_size 2048, kv_lora_rank 512, qk_rope_head_dim 64,
+    # num_attention_heads 64).
     # weightsGb: the INT4 checkpoint of the founding scenario, about 590 GB (notes/sglang.md).
     # attentionWeightsGb: the bf16 MLA projections (about 101 M parameters a layer with 64
     # heads, times 61 layers, 2 bytes) -- replicated on every rank under DP attention.
@@ -19,6 +20,7 @@ PROFILES: dict[str, dict] = {
         "numLayers": 61,
         "numExperts": 384,
         "moeIntermediateSize": 2048,
+        "numAttentionHeads": 64,
         "kvLoraRank": 512,
         "qkRopeHeadDim": 64,
         "kvDtypeBytes": 2,  # bf16 KV cache, SGLang's default for this model
@@ -34,6 +36,7 @@ PROFILES: dict[str, dict] = {
         "numLayers": 61,
         "numExperts": 256,
         "moeIntermediateSize": 2048,
+        "numAttentionHeads": 128,
         "kvLoraRank": 512,
         "qkRopeHeadDim": 64,
         "kvDtypeBytes": 2,

@@ -9,7 +9,12 @@ server's own resolved layout equals the declared one). Each outcome has a name:
 - ``timed_out``: still loading (port closed or warming up) at the deadline;
 - ``unhealthy``: the server is up (it logged ready, or answered once) but generation fails;
 - ``layout_mismatch``: it serves, but not the layout the stack declares (the reason lists each
-  field, declared vs running).
+  field, declared vs running);
+- ``output_mismatch``: it serves the declared layout but answers otherwise than the model did when
+  the reference was recorded (core/golden.py: which prompts, how far off);
+- ``perf_regression``: it answers right but below readiness.minSpeedRatio of the stored baseline
+  (core/speed_check.py: both figures side by side).
+A dead DP rank is ``unhealthy`` with the reason "dp rank k: ..." (core/dp_ranks.py).
 
 A refresh looks once, without a start to compare with, and adds two names of its own, so that
 "was ready, then stopped answering" is never mistaken for "never became ready":
@@ -31,10 +36,16 @@ CRASHED = "crashed_during_load"
 TIMED_OUT = "timed_out"
 UNHEALTHY = "unhealthy"
 LAYOUT_MISMATCH = "layout_mismatch"
+# It generates, in the declared layout, but the answers are not the model's (other weights, a
+# broken kernel, garbage): handled like crashed_during_load (rolled back, files restored).
+OUTPUT_MISMATCH = "output_mismatch"
+# It answers right, but slower than readiness.minSpeedRatio of the newest baseline on this host and
+# layout: reported (warn, the default) or rolled back (readiness.onPerfRegression: rollback).
+PERF_REGRESSION = "perf_regression"
 # Seen only by a refresh's single look (`judge_now`), never as the end of a start:
 LOADING = "loading"  # the unit runs, the server does not answer yet: it was (re)started
 STOPPED = "stopped"  # the unit does not run: it was stopped, failed, or waits to be restarted
-OUTCOMES = (READY, CRASHED, TIMED_OUT, UNHEALTHY, LAYOUT_MISMATCH, LOADING, STOPPED)
+OUTCOMES = (READY, CRASHED, TIMED_OUT, UNHEALTHY, LAYOUT_MISMATCH, OUTPUT_MISMATCH, PERF_REGRESSION, LOADING, STOPPED)
 
 # Fields of /server_info that make up the declared layout, compared one by one.
 LAYOUT_FIELDS = ("tp_size", "pp_size", "ep_size", "dp_size", "enable_dp_attention", "model_path",

@@ -16,7 +16,6 @@ the same shape, so they refuse the same settings with the same message.
 """
 from __future__ import annotations
 
-import datetime
 import difflib
 import json
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ import yaml
 
 from .config import CONFIG_KEYS, NAMESPACE, SECRET_KEYS
 from .errors import ConfigError, SettingError
+from .pulumi_yaml import KeyNotText, PulumiLoader, go_key_text
 
 # Bounds on what is read. A stack file of this project is a few KB (a 64-host fleet about 20 KB,
 # an encrypted SSH key about 5 KB); anything far larger is a mistake or an attack, and reading
@@ -65,8 +65,9 @@ class RawConfig:
 # ---------------------------------------------------------------------------------------------
 # Files
 
-class _BoundedLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """PyYAML's safe loader, refusing a document whose aliases expand past MAX_VALUES values.
+class _BoundedLoader(PulumiLoader):
+    """The file read as Pulumi reads it (pulumi_yaml: YAML 1.2's core schema as go-yaml v3 resolves
+    it, not PyYAML's YAML 1.1), refusing a document whose aliases expand past MAX_VALUES values.
     libyaml's parser when PyYAML has it (its wheels do): a program run reads every stack file of
     the project (which strategy another stack owns), ~6x faster than the pure-Python parser."""
 
@@ -99,12 +100,13 @@ def _expanded_size(root) -> int:
             seen: set = set()
             for k, v in node.value:
                 # PyYAML keeps the last of two equal keys, Pulumi's reader refuses the file: refused
-                # here too, so plan never shows a value the engine would not read.
-                if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
-                    if (k.tag, k.value) in seen:
+                # here too, so plan never shows a value the engine would not read. go-yaml compares
+                # keys as written (`on` and "on" are one key, and so are 1 and "1").
+                if isinstance(k, yaml.ScalarNode):
+                    if k.value in seen:
                         raise _TooLarge(f"writes the key {k.value[:100]!r} twice in one mapping "
                                         f"(line {k.start_mark.line + 1}); keep one")
-                    seen.add((k.tag, k.value))
+                    seen.add(k.value)
                 total += size(k) + size(v)
         elif isinstance(node, yaml.SequenceNode):
             for v in node.value:
@@ -173,22 +175,18 @@ def _is_secure(value: Any) -> bool:
 
 
 def _engine_form(value: Any) -> Any:
-    """A YAML value as the engine hands it to the program (JSON): keys as text, dates as text."""
+    """A YAML value as the engine hands it to the program (JSON): keys as text (the loader has
+    made dates, floats and binary values what the program gets)."""
     if isinstance(value, dict):
         return {_key_text(k): _engine_form(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_engine_form(v) for v in value]
-    if isinstance(value, (datetime.date, datetime.datetime)):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return "(binary)"
     return value
 
 
 def _key_text(key: Any) -> str:
-    if isinstance(key, str):
-        return key
-    return json.dumps(_engine_form(key)) if not isinstance(key, (datetime.date, datetime.datetime)) else key.isoformat()
+    # Pulumi names a key that is not text as Go prints it (`true`, `1`, `<nil>`): the loader has.
+    return str(key) if isinstance(key, str) else go_key_text(key)
 
 
 def _project_value(spec: Any) -> tuple[bool, Any]:
@@ -319,6 +317,8 @@ def parse_key(key: str) -> tuple[str, str]:
 
 
 def _kind(value: Any) -> str:
+    if isinstance(value, KeyNotText):
+        return value.kind
     return {dict: "a mapping", list: "a list", str: "text", bool: "true/false", int: "a number",
             float: "a number", type(None): "nothing (null)"}.get(type(value), type(value).__name__)
 
@@ -336,7 +336,7 @@ def _count_values(value: Any, limit: int) -> int:
 
 
 def _key_problem(key: Any, origin: str) -> SettingError | None:
-    if not isinstance(key, str):
+    if not isinstance(key, str) or isinstance(key, KeyNotText):
         return SettingError(f"{origin}: key {_key_text(key)}", f"is {_kind(key)}, not a setting name",
                             f"settings are written {NAMESPACE}:<setting>, e.g. {NAMESPACE}:serving")
     if not parse_key(key)[0]:

@@ -19,6 +19,11 @@ from .unit import unit_name
 S = f"{NAMESPACE}:strategy"
 SERVING = f"{NAMESPACE}:serving"
 
+# All-to-all backends whose kernels need NVLink between the GPUs of a node: DeepEP's normal
+# (intranode) mode, which SGLang's `auto` mode runs for prefill, checks NVLink between every pair
+# of the EP group (deep_ep/utils.py check_nvlink_connections) and moves tokens over it.
+NVLINK_A2A = ("deepep",)
+
 # Flags SGLang's newest parser rejects (the old MoE switches) and what replaces them.
 DEPRECATED_FLAGS = {
     "--enable-ep-moe": "set strategy.epSize instead",
@@ -192,7 +197,17 @@ def check_strategy(settings: StackSettings) -> list[SettingError]:
         errors.append(SettingError(f"{S}.epSize", f"{model.name} is a dense model (numExperts 0); expert parallelism does not apply",
                                    "use epSize: 1"))
 
+    errors += check_attention_heads(settings, L)
+
     if L.moe_a2a_backend in A2A_BACKENDS:
+        if L.moe_a2a_backend in NVLINK_A2A and settings.host.interconnect != "nvlink":
+            errors.append(SettingError(
+                f"{S}.moeA2aBackend",
+                f"the {L.moe_a2a_backend} all-to-all needs NVLink between GPUs (DeepEP's normal mode moves tokens over "
+                f"NVLink between every pair of the node's GPUs and fails while loading without it); "
+                f"host.interconnect is {settings.host.interconnect}",
+                "use moeA2aBackend: none (EP over all-reduce); set host.interconnect: nvlink only where "
+                "`nvidia-smi topo -m` shows NV# between every pair of GPUs"))
         if L.ep_size != L.tp_size:
             errors.append(SettingError(
                 f"{S}.epSize",
@@ -221,6 +236,28 @@ def check_strategy(settings: StackSettings) -> list[SettingError]:
     errors += check_extra_args(settings.serving.extra_args)
     errors += check_unit_name(settings)
     return errors
+
+
+def check_attention_heads(settings: StackSettings, L: Layout) -> list[SettingError]:
+    """Each attention-TP rank holds whole heads: SGLang's attention layers assert
+    num_heads % attn_tp_size == 0 while the model loads (attn_tp = tp, or tp / dp under DP
+    attention). Unchecked when the model does not say its head count."""
+    heads = settings.model.num_attention_heads
+    attn_tp = L.attn_tp_size
+    if not heads or attn_tp < 1 or heads % attn_tp == 0:
+        return []
+    gpus = settings.host.gpu_count * max(L.nnodes, 1)
+    options = [d for d in _divisors(gpus) if heads % d == 0 and d > 1]
+    if L.enable_dp_attention:
+        where, size = f"{S}.dpSize", f"tp {L.tp_size} / dp {L.dp_size} = {attn_tp}"
+        dps = [d for d in _divisors(L.tp_size) if d > 1 and heads % (L.tp_size // d) == 0]
+        fix = f"use dpSize one of {dps}" if dps else f"use tpSize one of {options}"
+    else:
+        where, size = f"{S}.tpSize", f"tp {L.tp_size}"
+        fix = (f"use tpSize one of {options} (with ppSize or dpSize making up the {gpus} GPUs)" if options
+               else "use ppSize instead of tpSize")
+    return [SettingError(where, f"{settings.model.name} has {heads} attention heads, not divisible by the attention "
+                                f"TP size {size} (SGLang gives every attention rank whole heads)", fix)]
 
 
 def _flag_value(args: list[str], flag: str) -> str | None:

@@ -117,15 +117,18 @@ def probe_client(t: ssh.Target, python: str, client: str) -> dict:
 
 
 def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = print,
-              results_root: Optional[Path] = None) -> tuple[Path, dict]:
-    """Benchmark the stack's serving server on its (first) host; returns (result dir, meta)."""
+              results_root: Optional[Path] = None, flags: Optional[dict] = None) -> tuple[Path, dict]:
+    """Benchmark the stack's serving server on its (first) host; returns (result dir, meta).
+    `flags`: the command's --concurrency, --input-len, --output-len over the stack's settings."""
     checked = check_stack(stack, from_files(project_dir, stack), project_dir)
     (entry, plan), (_, settings) = checked.plans[0], checked.settings.per_host()[0]
+    benchmark = B.with_flags(settings.benchmark, **(flags or {}))  # refused before any host is reached
     try:
         conn = remote_status.connection(settings, stack, project_dir, checked)
     except remote_status.StatusError as exc:
         raise B.BenchError(str(exc)) from None
     spec = B.host_spec(stack=stack, settings=settings, plan=plan, entry=entry, declared=declared_layout(plan))
+    spec["benchmark"] = benchmark.model_dump(by_alias=True)
     return run_on_host(ssh.Target.from_props({"connection": conn}), spec, results_root or project_dir / B.RESULTS_DIR,
                        progress)
 
@@ -193,10 +196,11 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
     return out_dir, doc
 
 
-def bench_command(project_dir: Path, stack: str) -> int:
-    """The CLI: exit 0 with the results written; 2 on bad settings, a server not ready, or a failed run."""
+def bench_command(project_dir: Path, stack: str, flags: Optional[dict] = None) -> int:
+    """The CLI: exit 0 with the results written; 2 on bad settings or flags, a server not ready,
+    or a failed run."""
     try:
-        out_dir, doc = run_bench(project_dir, stack, progress=lambda line: print(line, flush=True))
+        out_dir, doc = run_bench(project_dir, stack, progress=lambda line: print(line, flush=True), flags=flags)
     except (ConfigError, B.BenchError, ssh.RemoteError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

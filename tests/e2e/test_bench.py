@@ -67,9 +67,17 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
         assert record["median_ttft_ms"] > 0 and record["median_itl_ms"] > 0
 
     d.stack("pp8").up(on_output=print)
-    done = bench(d, "pp8")
+    # Issue 36.19: the workload from the flags, over the stack's settings (changed here to
+    # another one): the run measures the flags' levels and lengths, and records them.
+    d.edit_project(lambda config: config.update({"gpu-serving:benchmark": {"value": {**BENCH, "concurrency": [4],
+                                                                                     "inputLen": 512, "outputLen": 64}}}))
+    done = components(d, "bench", "--stack", "pp8", "--concurrency", ",".join(map(str, BENCH["concurrency"])),
+                      "--input-len", str(BENCH["inputLen"]), "--output-len", str(BENCH["outputLen"]))
     assert done.returncode == 0, done.stdout + done.stderr
-    _, pp = results(d, "pp8")
+    pp_meta, pp = results(d, "pp8")
+    assert (pp_meta["settings"]["concurrency"], pp_meta["settings"]["inputLen"], pp_meta["settings"]["outputLen"]) == \
+        (BENCH["concurrency"], BENCH["inputLen"], BENCH["outputLen"])
+    assert all((r["random_input_len"], r["random_output_len"]) == (BENCH["inputLen"], BENCH["outputLen"]) for r in pp.values())
     print({c: (tp[c]["output_throughput"], pp[c]["output_throughput"]) for c in tp})
     # PP wins one stream, TP wins concurrency (PCIe), as on the seed's host
     assert pp[1]["output_throughput"] > tp[1]["output_throughput"]
@@ -101,7 +109,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
     assert text.rstrip().endswith("picture: results/bench/compare.png (rehearsal: not a GPU measurement)")
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
-    assert struct.unpack(">II", data[16:24]) == (1320, 594) and len(data) > 30_000
+    assert struct.unpack(">II", data[16:24]) == (1320, 660) and len(data) > 30_000
 
     # The series drawn: one line per strategy on both plots, at the levels measured, with the
     # stored figures (what tests/test_compare.py checks on data files, here on this run's files).
@@ -117,6 +125,9 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
             assert list(lines[s.label()].get_xdata()) == BENCH["concurrency"]
             assert list(lines[s.label()].get_ydata()) == [getattr(s.points[x].level, field) for x in BENCH["concurrency"]]
     assert fig.get_suptitle().startswith("REHEARSAL: ")
+    assert f"{BENCH['inputLen']} in + {BENCH['outputLen']} out tokens a request, 5 prompts per concurrent request" in \
+        fig.get_suptitle()
+    assert all("rehearsal engine 0.0.1+rehearsal" in s.label() for s in c.series)
 
     # Keep this run's results for the README's picture (docs/img/compare-rehearsal.png).
     keep = os.environ.get("GPU_SERVING_KEEP_BENCH")

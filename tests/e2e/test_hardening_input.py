@@ -29,6 +29,7 @@ import pytest
 import yaml
 from pulumi import automation as auto
 
+from components.core.pulumi_yaml import dump
 from tests import hardening_support as H
 from tests import corpus_support as CS
 
@@ -159,9 +160,9 @@ class Place:
         set with `pulumi config set --secret`. Returns the stack name."""
         case = CASES[name]
         stack = str(case.get("stack", "bad"))
-        doc = yaml.safe_load(self.project_text)
+        doc = CS.load(self.project_text)
         doc["config"].update(copy.deepcopy(case.get("projectConfig") or {}))
-        (self.project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        (self.project / "Pulumi.yaml").write_text(dump(doc))
         for path in self.project.glob("Pulumi.*.yaml"):
             if path.name not in self.own_stacks:
                 path.unlink()
@@ -176,7 +177,7 @@ class Place:
             return stack
         config = stack_file(self.d, case)
         secrets = {key: config.pop(f"{NS}:{key}") for key in case.get("secrets") or () if f"{NS}:{key}" in config}
-        path.write_text(yaml.safe_dump({"config": config, **self.salts[stack]}))
+        path.write_text(dump({"config": config, **self.salts[stack]}))
         for key, value in secrets.items():
             text = value if isinstance(value, str) else json.dumps(value)
             done = self.pulumi("config", "set", "--secret", "--stack", stack, f"{NS}:{key}", "--", text)
@@ -321,6 +322,32 @@ def test_bad_edit_of_a_deployed_stack_runs_nothing_with_run_program(deployed):
     finally:
         path.write_text(original)
     H.refused("deployed-stack-served-name-subshell", through_pulumi=True)
+
+
+def test_deepep_on_a_pcie_host_is_refused_by_preview_and_up_before_the_host_is_touched(deployed):
+    """Issue 36.1: `{tpSize: 8, epSize: 8, moeA2aBackend: deepep}` on the default (PCIe) host was
+    accepted by preview and deployed "ready" by up on the rehearsal host; on a real box it stops
+    the serving strategy, loads for minutes and fails. Now both refuse it, naming the rule advise
+    names, with no command on the host and tp8 still serving (corpus case arith-deepep-on-a-pcie-host
+    runs in the batch too; the rehearsal engine's own failure: tests/standins)."""
+    d = deployed
+    path = d.project / "Pulumi.ep8.yaml"
+    original = path.read_text()
+    path.write_text(dump({"config": {"gpu-serving:strategy": {"tpSize": 8, "epSize": 8, "moeA2aBackend": "deepep"}}}))
+    before = host_state(d)
+    record = H.HostRecord(d.host)
+    mark = record.mark()
+    try:
+        for op in (d.stack("ep8").preview, d.stack("ep8").up):
+            text = failing(op)
+            assert "gpu-serving:strategy.moeA2aBackend: the deepep all-to-all needs NVLink between GPUs" in text, text[-3000:]
+            assert "Traceback" not in text
+        commands, logins = record.since(mark)
+        assert commands == [] and logins == 0, (commands, logins)
+        assert host_state(d) == before
+    finally:
+        path.write_text(original)
+    H.refused("deepep-on-a-pcie-host", through_pulumi=True)
 
 
 def test_bad_secret_refused_at_preview_without_its_value(deployed):

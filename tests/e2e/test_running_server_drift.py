@@ -197,3 +197,27 @@ def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(ser
     assert not d.stack("ep8").export_stack().deployment.get("pending_operations")
     done = d.components("status", "--stack", "ep8", timeout=300)
     assert done.returncode == 0 and "disagree" not in done.stdout, done.stdout + done.stderr
+
+
+def test_an_environment_key_on_and_a_value_off_deploy_with_no_drift_in_status(serving):
+    """Issue 36.13: a variable named `on` and one set to `off`, written plainly in the stack file.
+    Pulumi reads them as YAML 1.2 does (`on=1`, `SWITCH=off` on the host); `plan` and `status`
+    read the file the same way, so `status` finds no drift (with YAML 1.1 it showed
+    `Environment=true=1` as declared and reported drift for ever, exit 1)."""
+    d = serving
+    path = d.project / "Pulumi.tp8.yaml"
+    text = path.read_text()
+    path.write_text(text.replace("config:\n", 'config:\n  gpu-serving:serving:\n    environment:\n'
+                                 '      on: "1"\n      SWITCH: off\n', 1))
+    try:
+        assert d.stack("tp8").up().outputs["readiness"].value["status"] == "ready"
+        env = running_environment(d, TP8)
+        assert env.get("on") == "1" and env.get("SWITCH") == "off", env
+        planned = d.components("plan", "--stack", "tp8", "--json")
+        assert planned.returncode == 0, planned.stderr
+        assert {"on": "1", "SWITCH": "off"}.items() <= yaml.safe_load(planned.stdout)["environment"].items()
+        done = d.components("status", "--stack", "tp8")
+        assert done.returncode == 0 and "DRIFT" not in done.stdout, done.stdout + done.stderr
+        check_is_clean(d, "tp8")
+    finally:
+        path.write_text(text)

@@ -150,14 +150,33 @@ def test_missing_model_directory(engine_env, tmp_path):
 
 # --------------------------------------------------------------------------- resolved values
 
-def test_dp_size_1_turns_dp_attention_off_and_a2a_rewrites_ep(launch):
-    engine = launch("--tp-size", "8", "--enable-dp-attention", "--moe-a2a-backend", "deepep")
+def test_dp_size_1_turns_dp_attention_off_and_a2a_rewrites_ep(launch, engine_env):
+    # DeepEP needs NVLink (below): the H200 board has it between every pair.
+    engine = launch("--tp-size", "8", "--enable-dp-attention", "--moe-a2a-backend", "deepep", env=engine_env("h200-8"))
     engine.wait_ready()
     info = engine.get("/server_info")[1]
     assert info["enable_dp_attention"] is False and info["dp_size"] == 1
     assert info["ep_size"] == 8 and info["moe_a2a_backend"] == "deepep"
     assert "deepep MoE is enabled. The expert parallel size is adjusted" in engine.log
     assert engine.terminate() == 0
+
+
+def test_deepep_on_a_pcie_host_fails_while_loading_as_deepep_does(launch, engine_env):
+    """Issue 36.1: DeepEP's normal mode asserts NVLink between every pair of the node's GPUs when
+    SGLang makes its buffer (the graph capture): after the weights loaded, the port never open."""
+    engine = launch("--tp-size", "8", "--ep-size", "8", "--moe-a2a-backend", "deepep",
+                    env=engine_env(REHEARSAL_LOAD_SECONDS="0.3"))
+    assert engine.wait_exit() == 1, engine.log
+    log = engine.log
+    assert "AssertionError: GPU 0 and GPU 1 are not connected via NVLink" in log, log
+    assert log.index("Load weight end") < log.index("Capture cuda graph begin") < log.index("AssertionError")
+    assert "rehearsal: --moe-a2a-backend deepep: DeepEP moves tokens over NVLink" in log
+    assert "HTTP server listening" not in log and "fired up" not in log
+    # The same layout without DeepEP, or on the NVLink board, starts.
+    for flags, profile in ((["--moe-a2a-backend", "none"], "rtx-pro-6000-8"), (["--moe-a2a-backend", "deepep"], "h200-8")):
+        engine = launch("--tp-size", "8", "--ep-size", "8", *flags, env=engine_env(profile))
+        engine.wait_ready()
+        assert engine.terminate() == 0
 
 
 def test_pp8_on_8_gpus_splits_layers(launch):

@@ -28,25 +28,22 @@ import threading
 import time
 
 from sglang.version import __version__
+from sglang._rehearsal import answers as answers_mod
 from sglang._rehearsal import args as cli
+from sglang._rehearsal import faults
 from sglang._rehearsal import gpus as gpu_mod
+from sglang._rehearsal import info
+from sglang._rehearsal import loading
+from sglang._rehearsal import metrics
 from sglang._rehearsal import rendezvous as rdv
 from sglang._rehearsal import rules
-from sglang._rehearsal.performance import Layout, PerformanceModel, interconnect_from_topology
+from sglang._rehearsal.ranks import DpRanks
+from sglang._rehearsal.shutdown import Shutdown
+from sglang._rehearsal.performance import Layout, PerformanceModel, interconnect_from_topology, pair_without_nvlink
 from sglang._rehearsal.rules import GiB, MiB, Refusal
 from sglang._rehearsal.server import DummyHealthServer, EngineHTTPServer, new_request_id, serve
 
-FAULTS = {
-    "crash_during_load": "exit non-zero halfway through the weight load, with a traceback in the log",
-    "hang_during_load": "never finish loading: the port never opens (SIGTERM still stops it)",
-    "oom_during_load": "fail halfway through the weight load with CUDA out of memory",
-    "die_after_requests": "die_after_requests:N - exit non-zero after serving N generation requests",
-    "health_fail_after_ready": "become ready, then answer 503 on /health and /health_generate forever",
-    "rewrite_layout": "report an ep_size in /server_info different from the one resolved at launch",
-    "never_join": "multi-node: this node never joins the rendezvous (node 0 times out naming it)",
-    "crash_after_join": "multi-node: this node exits non-zero after the rendezvous, during the weight load",
-}
-MULTI_NODE_FAULTS = ("never_join", "crash_after_join")
+FAULTS = faults.FAULTS  # what $REHEARSAL_FAULT can name (faults.py)
 DEFAULT_WARMUP_SECONDS = 1.0
 # torch.distributed's default timeout for an NCCL process group (SGLang passes --dist-timeout,
 # None by default): the rendezvous of a multi-node world waits this long for the other nodes.
@@ -95,7 +92,8 @@ class Stop(Exception):
 class Engine:
     def __init__(self, args, model, env, log):
         self.args, self.model, self.env, self.log = args, model, env, log
-        self.fault, self.fault_arg = parse_fault(env.get("REHEARSAL_FAULT"))
+        self.fault = faults.parse(env.get("REHEARSAL_FAULT"))
+        self.fault_arg = self.fault.arg
         self.stop = threading.Event()
         self.exit_code = 0
         self.state = "starting"
@@ -123,6 +121,16 @@ class Engine:
         self.nodes: list[dict] = []        # every node of the world as node 0 saw it join
         self.world_free_mib = None         # the smallest free GPU memory of the world
         self.lost_reason = None            # a peer node went away (set once)
+        # Issue 39/40: answers from the weights, DP ranks, SGLang's stop, metrics, the start model.
+        self.answers = None
+        self.ranks = DpRanks(args.dp_size, self.fault_arg if self.fault == "dead_dp_rank" else None)
+        self.shutdown = Shutdown(self)
+        self.draining = False
+        self.stats = metrics.Stats()
+        self.in_flight: dict = {}          # request id -> its result, from arrival to answer
+        self.load_plan = None
+        self.start_phases: dict = {}       # seconds of each start phase, as the journal lines say
+        self.clock = time.monotonic
 
     # ------------------------------------------------------------------ HTTP-facing behaviour
     @property
@@ -130,9 +138,10 @@ class Engine:
         return self.args.dp_size
 
     def health_generate(self) -> bool:
+        if self.draining or self.state == "stopping":
+            self.log.info("Health check request received during shutdown. Returning 503.")
+            return False
         if self.state != "ready":
-            if self.state == "stopping":
-                self.log.info("Health check request received during shutdown. Returning 503.")
             return False
         if self.fault == "health_fail_after_ready":
             self.log.error("Health check failed. Server couldn't get a response from detokenizer for last "
@@ -141,10 +150,13 @@ class Engine:
             return False
         return True  # the fake one-token generation always answers
 
-    def generate(self, prompt_tokens: int, max_new_tokens: int):
+    def generate(self, prompt_tokens: int, max_new_tokens: int, routed=None):
         """Checks a request the way the tokenizer manager does; returns a result or an error text."""
         if self.state not in ("warmup", "ready", "unhealthy"):
             return "The server is not ready."
+        refusal = self.ranks.check_routed(routed)
+        if refusal:
+            return refusal
         if prompt_tokens >= self.plan.max_req_input_len:
             return (f"The input ({prompt_tokens} tokens) is longer than the model's context length "
                     f"({self.args.context_length} tokens).")
@@ -155,22 +167,52 @@ class Engine:
                     f"messages and {max_new_tokens} tokens for the completion. Please reduce the number "
                     "of tokens in the input messages or the completion to fit within the limit.")
         return {"id": new_request_id(), "prompt_tokens": prompt_tokens, "completion_tokens": max_new_tokens,
-                "started": time.time()}
+                "started": time.time(), "dp_rank": self.ranks.assign(routed)}
+
+    def answer(self, result: dict, prompt_ids: list):
+        """The request's greedy continuation from the weights (answers.py); garbage under wrong_tokens."""
+        ids, lps = self.answers.continue_greedy(prompt_ids, result["completion_tokens"])
+        result.update(prompt_ids=list(prompt_ids), output_ids=ids, output_lps=lps)
+
+    def requests_in_flight(self) -> list:
+        with self.lock:
+            return sorted(self.in_flight)
+
+    def used_tokens(self, rank: int) -> int:
+        """KV tokens held on a DP rank: the prompts and outputs of its requests in flight."""
+        with self.lock:
+            return sum(r["prompt_tokens"] + r["completion_tokens"] for r in self.in_flight.values()
+                       if r.get("dp_rank", 0) == rank)
+
+    def emit_token(self, result: dict):
+        result["emitted"] = result.get("emitted", 0) + 1
+        self.stats.token(result, time.time())
+        self.ranks.token(result.get("dp_rank", 0))
 
     @contextlib.contextmanager
     def decoding(self, result: dict):
         """One request from prefill to its last token: it counts as running meanwhile, so the
         pace of every stream follows the concurrency (performance.py)."""
+        rank = result.get("dp_rank", 0)
         with self.lock:
             self.running += 1
+            self.in_flight[result["id"]] = result
+        self.ranks.started(rank)
         try:
+            if self.ranks.is_dead(rank):
+                self.ranks.hang(rank, self.stop)  # the wedged rank never answers; a stop cuts it
+                raise ConnectionAbortedError(f"DP rank {rank} is wedged (rehearsal fault dead_dp_rank)")
             if self.perf and self.perf_layout:
                 time.sleep(self.perf.prefill_ms(self.perf_layout, self.model.num_layers, result["prompt_tokens"]) / 1000)
             yield
         finally:
+            self.ranks.finished(rank)
             with self.lock:
                 self.running -= 1
+                self.in_flight.pop(result["id"], None)
             result["latency"] = round(time.time() - result["started"], 4)
+            self.stats.finished(result, time.time())
+            self.shutdown.wake.set()
 
     def token_delay(self, result: dict | None = None):
         """Wait until the request's next token is due. Due times are kept per request (not a
@@ -180,6 +222,9 @@ class Engine:
         elif self.perf and self.perf_layout:
             step = self.perf.round_ms(self.perf_layout, self.model.num_layers, self.running) / 1000
         else:
+            step = 0.0
+        step = self.slowed(step, result)
+        if not step:
             return
         if result is None:
             time.sleep(step)
@@ -190,27 +235,41 @@ class Engine:
         if due > now:
             time.sleep(due - now)
 
+    def slowed(self, step: float, result) -> float:
+        """The itl_factor and slow_drain faults' pace (faults.py)."""
+        if self.fault == "itl_factor":
+            step *= self.fault_arg
+        if self.fault == "slow_drain" and self.draining and result is not None:
+            left = max(1, int(result.get("completion_tokens", 1)) - int(result.get("emitted", 0)))
+            end = self.shutdown.drain_started + self.fault_arg
+            step = max(step, (end - self.clock()) / left)
+        return max(step, 0.0)
+
     def decode_all(self, results: list):
         """Non-streaming requests (one, or a batch decoded together) take as long as their streams would."""
         with contextlib.ExitStack() as stack:
             for result in results:
                 stack.enter_context(self.decoding(result))
             longest = max(r["completion_tokens"] for r in results)
-            if self.seconds_per_token:
-                time.sleep(min(self.seconds_per_token * longest, 60))
-            elif self.perf and self.perf_layout:
-                pace: dict = {}
-                for _ in range(longest):
-                    self.token_delay(pace)
+            pace: dict = {}
+            for step in range(longest):
+                pace.update(completion_tokens=longest, emitted=step)
+                self.token_delay(pace)
+                for r in results:
+                    if step < r["completion_tokens"]:
+                        self.emit_token(r)
 
-    def read_interconnect(self) -> str:
+    def read_topology(self) -> str:
+        """``nvidia-smi topo -m`` ("" when it cannot be read: no NVLink is then assumed)."""
         binary = self.env.get("REHEARSAL_NVIDIA_SMI") or "nvidia-smi"
         try:
             proc = subprocess.run([binary, "topo", "-m"], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            return "pcie"
-        return interconnect_from_topology(proc.stdout if proc.returncode == 0 else "",
-                                          [g.index for g in self.used_gpus])
+            return ""
+        return proc.stdout if proc.returncode == 0 else ""
+
+    def read_interconnect(self) -> str:
+        return interconnect_from_topology(self.read_topology(), [g.index for g in self.used_gpus])
 
     def after_request(self):
         with self.lock:
@@ -228,65 +287,13 @@ class Engine:
         return 1 if self.args.ep_size != 1 else max(self.args.tp_size, 2)
 
     def server_info(self) -> dict:
-        info = {k: v for k, v in vars(self.args).items()}
-        info["ep_size"] = self.reported_ep_size()
-        plan = self.plan
-        info.update({
-            "status": "ready",
-            "max_total_num_tokens": plan.max_total_num_tokens,
-            "max_req_input_len": plan.max_req_input_len,
-            "max_running_requests": plan.max_running_requests,
-            "internal_states": [{
-                "dp_rank": rank,
-                "last_gen_throughput": 0.0,
-                "#running-req": 0,
-                "#queue-req": 0,
-                "max_total_num_tokens": plan.max_total_num_tokens,
-                "memory_usage": {
-                    "weight": round(max(plan.weights_per_gpu) / GiB, 2),
-                    "kvcache": round(plan.max_total_num_tokens * max(plan.kv_bytes_per_token) / GiB, 2),
-                    "token_capacity": plan.max_total_num_tokens,
-                },
-            } for rank in range(self.dp_ranks)],
-            "version": __version__,
-            "rehearsal": {
-                "engine": "sglang-rehearsal " + __version__,
-                "phase": self.state,
-                "fault": self.fault,
-                "world_size": rules.compute_world_size(self.args),
-                "nnodes": self.args.nnodes,
-                "gpus_per_node": len(self.used_gpus),
-                "nodes": self.nodes,
-                "gpus": [{"index": g.index, "uuid": g.uuid, "name": g.name} for g in self.used_gpus],
-                "pp_layer_partition": plan.layers_per_stage,
-                "weights_per_gpu_gib": [round(w / GiB, 2) for w in plan.weights_per_gpu],
-                "kv_bytes_per_token": plan.kv_bytes_per_token,
-                "layout": self.layout,
-                "requests_served": self.requests_served,
-                "performance": self.performance_info(),
-            },
-        })
-        return info
+        return info.server_info(self)
 
     def performance_info(self) -> dict:
-        if self.seconds_per_token:
-            return {"pacing": f"fixed {self.seconds_per_token} s per token (REHEARSAL_SECONDS_PER_TOKEN)"}
-        if not (self.perf and self.perf_layout):
-            return {"pacing": "none"}
-        layers = self.model.num_layers
-        return {"pacing": "model", "parameters": "sglang/_rehearsal/performance.json",
-                "interconnect": self.perf_layout.interconnect,
-                "cross_node": self.perf_layout.cross_node if self.perf_layout.nnodes > 1 else None,
-                "running": self.running,
-                "output_tok_s": {str(c): round(self.perf.output_tok_s(self.perf_layout, layers, c), 1)
-                                 for c in (1, 32, 64)}}
+        return info.performance_info(self)
 
     def model_info(self) -> dict:
-        return {"model_path": self.args.model_path, "tokenizer_path": self.args.tokenizer_path,
-                "is_generation": True, "preferred_sampling_params": None,
-                "weight_version": self.args.weight_version, "has_image_understanding": False,
-                "has_audio_understanding": False, "model_type": self.model.get("model_type"),
-                "architectures": self.model.get("architectures")}
+        return info.model_info(self)
 
     # ------------------------------------------------------------------ failure output
     def crash(self, exc_type: str, message: str, note: str = "", prefix: bool = True, where: str = "Scheduler"):
@@ -335,13 +342,9 @@ class Engine:
 
     def start(self) -> int:
         args, env, log = self.args, self.env, self.log
-        if self.fault == "invalid":
-            log.error(f"rehearsal: REHEARSAL_FAULT={env.get('REHEARSAL_FAULT')!r} is not a known fault; "
-                      f"known: {', '.join(sorted(FAULTS))}")
-            return 1
-        if self.fault in MULTI_NODE_FAULTS and args.nnodes < 2:
-            log.error(f"rehearsal: REHEARSAL_FAULT={self.fault} needs a multi-node world (--nnodes 2 or more); "
-                      f"this command line has --nnodes {args.nnodes}")
+        problem = self.fault.check(args) or self.shutdown.problem()
+        if problem:
+            log.error(f"rehearsal: {problem}")
             return 1
         log.info(f"rehearsal engine sglang-rehearsal {__version__}: SGLang's command line and rules, "
                  "no model and no GPU work")
@@ -361,8 +364,7 @@ class Engine:
             return self.fail(refusal)
         log.info("server_args=ServerArgs(" + ", ".join(f"{k}={v!r}" for k, v in vars(args).items()) + ")")
         if self.fault:
-            log.warning(f"rehearsal: fault injected: {self.fault}"
-                        + (f":{self.fault_arg}" if self.fault_arg is not None else ""))
+            log.warning(f"rehearsal: fault injected: {self.fault.shown()}")
         log.prefix = self.rank_prefix()
         try:
             try:
@@ -397,10 +399,16 @@ class Engine:
                           f"{len(self.visible)} are visible (nvidia-smi lists {self.gpu_count}; {visible_note}); "
                           "ep_size does not add GPUs")
         self.used_gpus = [self.visible[i] for i in ids]
+        began = self.clock()
         log.info("Init torch distributed begin.", rank=True)
         if args.nnodes > 1:
             self.join_world()
-        log.info("Init torch distributed ends. mem usage=0.00 GB", rank=True)
+        self.layout_key = answers_mod.layout_key(args)
+        self.load_plan = loading.plan(self.model, args, env, len(self.used_gpus), self.layout_key)
+        loading.init_wait(self)
+        self.start_phases["init"] = round(self.clock() - began, 3)
+        log.info(f"Init torch distributed ends. elapsed={self.clock() - began:.2f} s, mem usage=0.00 GB", rank=True)
+        self.answers = answers_mod.for_server(self.model.path, args, env, self.fault.garbles(args), log)
         self.layout = rules.check_model_layout(args, self.model)
         if self.perf and args.node_rank == 0:  # only node 0 generates
             self.perf_layout = Layout.from_args(args, self.read_interconnect(), cross_node=self.cross_node())
@@ -416,7 +424,7 @@ class Engine:
             if refusal.exc_type != "torch.OutOfMemoryError":
                 raise
             oom = refusal  # real CUDA OOMs surface partway through loading
-        load_seconds = self.load_seconds()
+        load_seconds = loading.load_seconds(self)
         log.info(f"Load weight begin. avail mem={min(free) / GiB:.2f} GB", rank=True)
         if self.fault == "hang_during_load":
             self.wait(None)
@@ -429,11 +437,12 @@ class Engine:
                               "CUDA out of memory. Tried to allocate 2.00 GiB. (rehearsal fault oom_during_load)")
             raise Refusal("load", "RuntimeError",
                           f"CUDA error: an illegal memory access was encountered (rehearsal fault {self.fault})")
-        self.wait(load_seconds)
+        elapsed = loading.load_weights(self)
         _, pp_ranks = rules.node_ranks(args)
         # This node's GPUs hold its own pipeline stages only.
         weights = max(self.plan.weights_per_gpu[s] for s in pp_ranks)
-        log.info(f"Load weight end. type={self.model.architecture}, dtype=torch.{self.model.checkpoint.get('torch_dtype', 'bfloat16')}, "
+        dtype = self.model.checkpoint.get('torch_dtype', 'bfloat16')
+        log.info(f"Load weight end. elapsed={elapsed:.2f} s, type={self.model.architecture}, dtype=torch.{dtype}, "
                  f"avail mem={(min(free) - weights) / GiB:.2f} GB, mem usage={weights / GiB:.2f} GB.", rank=True)
         for level, message in rules.finish_memory(args, self.plan):
             log.emit(LEVELS[level], message)
@@ -443,9 +452,16 @@ class Engine:
         avail = min(free) - weights - kv_size
         log.info(f"Memory pool end. avail mem={avail / GiB:.2f} GB", rank=True)
         self.write_usage(weights + kv_size)
-        if not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled":
-            log.info(f"Capture cuda graph begin. This can take up to several minutes. avail mem={avail / GiB:.2f} GB", rank=True)
-            log.info(f"Capture cuda graph end. Time elapsed: 0.00 s. mem usage=0.00 GB. avail mem={avail / GiB:.2f} GB.", rank=True)
+        graphs = not args.disable_cuda_graph and args.cuda_graph_backend_decode != "disabled"
+        a2a_check = None
+        if args.moe_a2a_backend in rules.NVLINK_A2A:
+            # SGLang makes DeepEP's buffer at the first MoE dispatch: the graph capture (or the warmup).
+            def a2a_check():
+                rules.check_a2a_links(args, pair_without_nvlink(self.read_topology(), [g.index for g in self.used_gpus]))
+        if graphs:
+            loading.capture_graphs(self, avail / GiB, during=a2a_check)
+        elif a2a_check is not None:
+            a2a_check()
         log.info(f"max_total_num_tokens={plan.max_total_num_tokens}, chunked_prefill_size={args.chunked_prefill_size}, "
                  f"max_prefill_tokens={args.max_prefill_tokens}, max_running_requests={plan.max_running_requests}, "
                  f"context_len={args.context_length}, available_gpu_mem={avail / GiB:.2f} GB", rank=True)
@@ -676,17 +692,29 @@ class Engine:
                       f"('{args.host}', {args.port}): {exc.strerror.lower() if exc.strerror else exc}")
             return 1
         serve(self.server)
+        self.shutdown.start_scheduler()
+        log.info(f"Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
         log.info(f"rehearsal: HTTP server listening on http://{args.host}:{args.port}")
         self.state = "warmup"
+        began = self.clock()
         try:
             if not args.skip_server_warmup:
                 self.wait(float(self.env.get("REHEARSAL_WARMUP_SECONDS") or DEFAULT_WARMUP_SECONDS))
                 log.access(("127.0.0.1", 0), "POST", "/generate", 200)
+            self.start_phases["warmup"] = round(self.clock() - began, 3)
             self.state = "ready"
             log.info("The server is fired up and ready to roll!")
-            self.stop.wait()
+            self.shutdown.wait()
         except Stop:
             pass
+        if self.shutdown.signalled.is_set() or self.shutdown.child_failed:
+            # SGLang's stop (shutdown.py): drain, then kill the tree; the process ends there.
+            if not self.shutdown.child_failed:
+                self.shutdown.drain()
+            self.state = "stopping"
+            self.stop.set()
+            return self.shutdown.exit(0 if self.shutdown.signalled.is_set() else 1)
+        self.shutdown.kill_tree()
         if self.lost_reason:
             self.state = "failed"
             self.report_lost()
@@ -722,20 +750,6 @@ class Engine:
             return 1
         log.info("Received SIGTERM. Shutting down.")
         return self.exit_code
-
-
-def parse_fault(value: str | None):
-    if not value:
-        return None, None
-    name, _, arg = value.strip().partition(":")
-    if name not in FAULTS:
-        return "invalid", None
-    if name == "die_after_requests":
-        try:
-            return name, max(int(arg), 1)
-        except ValueError:
-            return "invalid", None
-    return name, None
 
 
 def read_model(path: str) -> rules.Model:
@@ -794,7 +808,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = Engine(args, model, env, log)
 
     def on_signal(signum, frame):
-        engine.stop.set()
+        engine.shutdown.on_signal(signum)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -139,7 +139,17 @@ class PerformanceModel:
 def interconnect_from_topology(topo_text: str, gpu_indices) -> str:
     """"nvlink" when every pair of the given GPUs shows an NV# link in ``nvidia-smi topo -m``,
     else "pcie" (also when the matrix cannot be read)."""
-    wanted = {f"GPU{i}" for i in gpu_indices}
+    gpu_indices = list(gpu_indices)
+    if len(gpu_indices) < 2:
+        return "pcie"
+    return "pcie" if pair_without_nvlink(topo_text, gpu_indices) else "nvlink"
+
+
+def pair_without_nvlink(topo_text: str, gpu_indices) -> tuple[int, int] | None:
+    """The first pair of the given GPUs that ``nvidia-smi topo -m`` shows without an NV# link
+    (the first two when the matrix cannot be read), or None when every pair has one."""
+    indices = list(gpu_indices)
+    wanted = {f"GPU{i}" for i in indices}
     rows = {}
     header = None
     for line in re.sub(r"\x1b\[[0-9;]*m", "", topo_text).splitlines():  # the header is underlined
@@ -151,10 +161,12 @@ def interconnect_from_topology(topo_text: str, gpu_indices) -> str:
             continue
         if header and cells[0] in wanted:
             rows[cells[0]] = dict(zip(header, cells[1:1 + len(header)]))
-    if len(wanted) < 2 or set(rows) != wanted:
-        return "pcie"
-    for a in wanted:
-        for b in wanted:
-            if a != b and not rows[a].get(b, "").startswith("NV"):
-                return "pcie"
-    return "nvlink"
+    if len(indices) < 2:
+        return None
+    if set(rows) != wanted:
+        return indices[0], indices[1]
+    for i, a in enumerate(indices):
+        for b in indices[i + 1:]:
+            if not rows[f"GPU{a}"].get(f"GPU{b}", "").startswith("NV"):
+                return a, b
+    return None

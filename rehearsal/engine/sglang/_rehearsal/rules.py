@@ -7,6 +7,10 @@ Each rule cites where SGLang applies it (2026 sources, sgl-project/sglang):
   model_executor memory pool (MemoryPoolConfig)          "Not enough memory" check
 A broken rule raises :class:`Refusal` carrying the exception type SGLang raises, its message,
 and where in startup it happens, so the engine can fail the way SGLang fails.
+
+Why a second copy of rules gpu-serving checks in components/core/strategy.py: this one stands in
+for SGLang on the host, written from SGLang's source on its own, so a rule gpu-serving misses or
+gets wrong fails on the rehearsal host as it would on a GPU box instead of being agreed with.
 """
 from __future__ import annotations
 
@@ -299,6 +303,24 @@ def check_model_layout(args, model: Model) -> dict:
                       "FusedMoE splits each expert's intermediate size over tp_size / ep_size ranks")
     layout.update(moe_ep_size=moe_ep, moe_tp_size=moe_tp, num_local_experts=experts // moe_ep)
     return layout
+
+
+# All-to-all backends that need NVLink between every pair of a node's GPUs: DeepEP's Buffer asserts
+# it as SGLang makes it (deep_ep/utils.py check_nvlink_connections), at the first MoE dispatch,
+# i.e. while CUDA graphs are captured, after the weights have loaded and with the port closed.
+NVLINK_A2A = {"deepep"}
+
+
+def check_a2a_links(args, unlinked: tuple[int, int] | None) -> None:
+    """DeepEP without NVLink fails while loading. `unlinked`: the first pair of this node's GPUs
+    (nvidia-smi indices) that `nvidia-smi topo -m` shows without NV#, or None."""
+    if args.moe_a2a_backend not in NVLINK_A2A or unlinked is None:
+        return
+    a, b = unlinked
+    raise Refusal("load", "AssertionError", f"GPU {a} and GPU {b} are not connected via NVLink",
+                  f"--moe-a2a-backend {args.moe_a2a_backend}: DeepEP moves tokens over NVLink between every pair "
+                  "of the node's GPUs (its normal mode), and these GPUs are connected over PCIe only "
+                  "(nvidia-smi topo -m); use --moe-a2a-backend none")
 
 
 def pp_partition(num_layers: int, pp_size: int, env_value: str | None) -> list[int]:

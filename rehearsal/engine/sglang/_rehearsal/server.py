@@ -16,18 +16,13 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from sglang._rehearsal import answers as answers_mod
+from sglang._rehearsal import metrics
+
+# The filler words of the stand-in tokenizer (rehearsal/tokenizer.py puts them first in the
+# vocabulary); answers now come from answers.py.
 WORDS = ("this is a rehearsal engine answering without a model and without a gpu so every "
          "word here is a stand in for a token").split()
-
-
-def fake_text(n_tokens: int, offset: int = 0) -> str:
-    return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n_tokens))
-
-
-def count_tokens(text) -> int:
-    if isinstance(text, list):
-        return len(text)
-    return max(1, len(str(text).split()))
 
 
 class EngineHTTPServer(ThreadingHTTPServer):
@@ -165,76 +160,80 @@ class Handler(BaseHTTPRequestHandler):
             "max_model_len": e.args.context_length}]})
 
     def _load(self):
-        # SGLang's shape (one entry per DP rank); the requests being decoded now count on rank 0,
-        # so a drain (gpu-serving's rolling switch) sees the real number in flight.
-        running = self.engine.running
-        self._send(200, [{"dp_rank": r, "num_reqs": running if r == 0 else 0, "num_waiting_reqs": 0, "num_tokens": 0}
-                         for r in range(self.engine.dp_ranks)])
+        # SGLang's shape: one entry per DP rank, each counting the requests it runs.
+        e = self.engine
+        self._send(200, [{"dp_rank": r, "num_reqs": e.ranks.load(r), "num_waiting_reqs": 0,
+                          "num_tokens": e.used_tokens(r)} for r in range(e.dp_ranks)])
 
     def _metrics(self):
         e = self.engine
         if not e.args.enable_metrics:
             self._send(404, {"detail": "Not Found"})
             return
-        name = e.args.served_model_name
-        text = (f'# HELP sglang:num_running_reqs The number of running requests.\n'
-                f'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{{model_name="{name}"}} {float(e.running)}\n'
-                f'# HELP sglang:generation_requests_total Generation requests served (rehearsal).\n'
-                f'# TYPE sglang:generation_requests_total counter\n'
-                f'sglang:generation_requests_total{{model_name="{name}"}} {float(e.requests_served)}\n'
-                f'# HELP sglang:max_total_num_tokens KV pool size in tokens.\n'
-                f'# TYPE sglang:max_total_num_tokens gauge\n'
-                f'sglang:max_total_num_tokens{{model_name="{name}"}} {float(e.plan.max_total_num_tokens)}\n')
-        self._send(200, text, content_type="text/plain; version=0.0.4; charset=utf-8")
+        self._send(200, metrics.render(e), content_type=metrics.CONTENT_TYPE)
 
     def _generate(self):
         body = self._json_body(require_json_type=False)
         if body is None:
             return
-        texts = body.get("text", body.get("input_ids"))
-        if texts is None:
+        source = body.get("text", body.get("input_ids"))
+        if source is None:
             self._send(400, {"error": {"message": "Either text or input_ids should be provided."}})
             return
-        batch = isinstance(texts, list) and texts and not isinstance(texts[0], int)
-        items = texts if batch else [texts]
+        batch = isinstance(source, list) and source and not isinstance(source[0], int)
+        items = source if batch else [source]
         params = body.get("sampling_params") or {}
         if isinstance(params, list):
             params = params[0] if params else {}
         max_new = int(params.get("max_new_tokens", 128))
+        answers = self.engine.answers
         results = []
         for item in items:
-            result = self.engine.generate(count_tokens(item), max_new)
-            if isinstance(result, str):
-                self._send(400, {"error": {"message": result}})
+            ids = [int(i) for i in item] if isinstance(item, list) else answers.tokenize(item)
+            result = self.engine.generate(len(ids), max_new, body.get("routed_dp_rank"))
+            start, refusal = answers_mod.logprob_start(body, len(ids))
+            if isinstance(result, str) or refusal:
+                self._send(400, {"error": {"message": refusal or result}})
                 return
+            result["logprob"] = dict(body, logprob_start_len=start) if body.get("return_logprob") else None
+            self.engine.answer(result, ids)
             results.append(result)
-        if body.get("stream") and not batch:
-            with self.engine.decoding(results[0]):
-                self._stream_generate(results[0])
-        else:
-            self.engine.decode_all(results)
-            out = [self._generate_json(r) for r in results]
-            self._send(200, out if batch else out[0])
+        try:
+            if body.get("stream") and not batch:
+                with self.engine.decoding(results[0]):
+                    self._stream_generate(results[0])
+            else:
+                self.engine.decode_all(results)
+                out = [self._generate_json(r) for r in results]
+                self._send(200, out if batch else out[0])
+        except ConnectionAbortedError:
+            self.close_connection = True  # a wedged DP rank: no answer, the connection is cut
+            return
         self.engine.after_request()
 
-    def _generate_json(self, r, upto=None, text=None):
+    def _generate_json(self, r, upto=None):
         n = r["completion_tokens"] if upto is None else upto
         latency = r["latency"] if "latency" in r else round(time.time() - r["started"], 4)
-        return {"text": fake_text(n) if text is None else text, "output_ids": list(range(n)), "meta_info": {
-            "id": r["id"], "finish_reason": {"type": "length", "length": r["completion_tokens"]}
-            if upto is None or upto == r["completion_tokens"] else None,
-            "prompt_tokens": r["prompt_tokens"], "weight_version": self.engine.args.weight_version,
-            "completion_tokens": n, "cached_tokens": 0, "e2e_latency": latency}}
+        answers = self.engine.answers
+        ids = r["output_ids"][:n]
+        meta = {"id": r["id"], "finish_reason": {"type": "length", "length": r["completion_tokens"]}
+                if upto is None or upto == r["completion_tokens"] else None,
+                "prompt_tokens": r["prompt_tokens"], "weight_version": self.engine.args.weight_version,
+                "completion_tokens": n, "cached_tokens": 0, "e2e_latency": latency}
+        if r.get("logprob"):
+            meta.update(answers_mod.logprob_fields(answers, r["prompt_ids"], ids, r["output_lps"][:n], r["logprob"]))
+        # A stream's chunk carries the text so far and the newest token id (SGLang's output_ids
+        # from the last offset); the whole answer carries every id.
+        return {"text": answers.decode(ids), "output_ids": ids if upto is None else ids[-1:], "meta_info": meta}
 
     def _stream_generate(self, r):
         # Like SGLang's /generate stream: every chunk carries the text so far and the token count
         # (meta_info.completion_tokens), which is what bench_serving measures TTFT and ITL from.
         self._start_stream()
-        text = ""
         for n in range(1, r["completion_tokens"] + 1):
             self.engine.token_delay(r)
-            text += (" " if text else "") + WORDS[(n - 1) % len(WORDS)]
-            self._chunk(self._generate_json(r, upto=n, text=text))
+            self.engine.emit_token(r)
+            self._chunk(self._generate_json(r, upto=n))
         self._chunk("[DONE]")
 
     def _openai(self, chat: bool):
@@ -246,12 +245,16 @@ class Handler(BaseHTTPRequestHandler):
             if not isinstance(messages, list) or not messages:
                 self._error(400, "messages: a non-empty list is required")
                 return
-            prompt = sum(count_tokens(m.get("content", "")) if isinstance(m, dict) else 1 for m in messages)
+            # The chat template is the stand-in's: the messages' contents, one after the other.
+            text = " ".join(str(m.get("content", "")) if isinstance(m, dict) else "[UNK]" for m in messages)
         else:
             if "prompt" not in body:
                 self._error(400, "prompt: field required")
                 return
-            prompt = count_tokens(body["prompt"])
+            text = body["prompt"]
+        answers = self.engine.answers
+        ids = [int(i) for i in text] if isinstance(text, list) else answers.tokenize(text)
+        prompt = len(ids)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         n_out = int(max_tokens) if max_tokens is not None else 16
         finish = "length" if max_tokens is not None else "stop"
@@ -259,27 +262,33 @@ class Handler(BaseHTTPRequestHandler):
         if isinstance(r, str):
             self._error(400, r)
             return
+        self.engine.answer(r, ids)
         model = body.get("model") or self.engine.args.served_model_name
         created = int(time.time())
         rid = r["id"]
         usage = {"prompt_tokens": prompt, "total_tokens": prompt + n_out, "completion_tokens": n_out,
                  "prompt_tokens_details": None}
-        if body.get("stream"):
-            with self.engine.decoding(r):
-                self._stream_openai(body, chat, r, model, created, finish, usage)
-        else:
+        try:
+            if body.get("stream"):
+                with self.engine.decoding(r):
+                    self._stream_openai(body, chat, r, model, created, finish, usage)
+                self.engine.after_request()
+                return
             self.engine.decode_all([r])
-            text = fake_text(n_out)
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                  "tool_calls": None}, "logprobs": None,
-                          "finish_reason": finish, "matched_stop": None}
-                obj = "chat.completion"
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}
-                obj = "text_completion"
-            self._send(200, {"id": rid, "object": obj, "created": created, "model": model,
-                             "choices": [choice], "usage": usage})
+        except ConnectionAbortedError:
+            self.close_connection = True  # a wedged DP rank: no answer, the connection is cut
+            return
+        text = answers.decode(r["output_ids"])
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                              "tool_calls": None}, "logprobs": None,
+                      "finish_reason": finish, "matched_stop": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "matched_stop": None}
+            obj = "text_completion"
+        self._send(200, {"id": rid, "object": obj, "created": created, "model": model,
+                         "choices": [choice], "usage": usage})
         self.engine.after_request()
 
     def _stream_openai(self, body, chat, r, model, created, finish, usage):
@@ -290,7 +299,8 @@ class Handler(BaseHTTPRequestHandler):
         self._start_stream()
         for i in range(r["completion_tokens"]):
             self.engine.token_delay(r)
-            word = (" " if i else "") + WORDS[i % len(WORDS)]
+            self.engine.emit_token(r)
+            word = (" " if i else "") + self.engine.answers.word(r["output_ids"][i])
             if chat:
                 delta = {"role": "assistant", "content": word} if i == 0 else {"content": word}
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
