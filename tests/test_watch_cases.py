@@ -180,3 +180,12 @@ def test_a_host_out_of_the_router_is_a_gauge_of_its_own():
     # A stack without a router has no such sample.
     alone, _ = run_ticks(dict(CASES)["edit-then-repaired"])[-1]
     assert "gpu_serving_in_router{" not in W.render_prometheus(alone)
+
+
+def test_a_readiness_nobody_read_is_unknown_never_none():
+    before = run_ticks(dict(CASES)["first-tick-records-then-one-alert-per-file"])[1][0]
+    now = json.loads(json.dumps(before))
+    entry = next(h for s in now["stacks"] if s["stack"] == "ep8" for h in s["hosts"])
+    entry["readiness"] = None
+    lines = [c["line"] for c in W.changes(before, now)]
+    assert lines == ["readiness: stack ep8 on 10.213.3.2: ready -> unknown"], lines

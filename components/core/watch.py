@@ -305,7 +305,8 @@ def changes(before: Optional[dict], now: dict) -> list[dict]:
                         lambda stacks, host=host: f"clean: {_stacks_text(stacks)} on {host}: no drift")
         if p is not None and not was_error and h["serving_here"] and p.get("serving_here") \
                 and p.get("readiness") != h["readiness"]:
-            add("readiness", stack, host, f"readiness: stack {stack} on {host}: {p.get('readiness')} -> {h['readiness']}")
+            add("readiness", stack, host, f"readiness: stack {stack} on {host}: {p.get('readiness') or 'unknown'} -> "
+                f"{h['readiness'] or 'unknown'}")
         router, was = h.get("router"), (p or {}).get("router")
         if p is not None and not was_error and router and (was or {}).get("in_router") != router.get("in_router") \
                 and ("router", host) not in grouped:
