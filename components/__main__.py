@@ -1,10 +1,12 @@
 """``python -m components plan --stack NAME [--json]``: check a strategy offline, before any SSH.
 ``python -m components rehearsal-hosts --stack NAME``: the rehearsal hosts the stack deploys to.
+``python -m components real-hosts --stack NAME``: the machines it deploys to that are not rehearsal hosts.
 ``python -m components status [--stack NAME] [--json]``: what serves on the hosts, read over SSH.
 ``python -m components compare [--stacks tp8,pp8,ep8]``: stored benchmark results side by side, and a PNG.
 ``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates).
 ``python -m components bench --stack NAME``: SGLang's serving benchmark on the host, results in results/bench/.
-``python -m components watch --stacks tp8,pp8,ep8 [--every 10m] [--once]``: the drift watch (status.json, a Prometheus file)."""
+``python -m components watch --stacks tp8,pp8,ep8 [--every 10m] [--once]``: the drift watch (status.json, a Prometheus file).
+``python -m components ledger [list|clear]``: the failed starts recorded, and why (the failure ledger)."""
 from __future__ import annotations
 
 import argparse
@@ -15,11 +17,13 @@ from pathlib import Path
 
 from . import compare
 from . import advise_cli
+from . import ledger_cli
 from . import watch
 from .core.config import parse_settings
 from .core.errors import ConfigError
 from .core.plan import CheckedStack, ServingPlan, check_stack, load_stack_config
 from .core.stack_config import from_files
+from .core.targets import real_machines
 
 
 def _print_plan(plan: ServingPlan) -> None:
@@ -141,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("rehearsal-hosts", help="the rehearsal hosts a stack deploys to, one per line")
     r.add_argument("--stack", required=True)
     r.add_argument("--project-dir", default=".", type=Path)
+    rh = sub.add_parser("real-hosts", help="the machines a stack deploys to that are not rehearsal hosts, one per line "
+                                           "(scripts/deploy asks before it changes them)")
+    rh.add_argument("--stack", required=True)
+    rh.add_argument("--project-dir", default=".", type=Path)
     st = sub.add_parser("status", help="what serves on the hosts now, read over SSH: unit, stack, layout, uptime, "
                                        "readiness, and whether each stack's files drifted (exit 0 serving, ready, as declared; 1 drift; "
                                        "2 not read; 3 nothing serves; 4 not ready)")
@@ -165,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     compare.add_parser(sub)
     advise_cli.add_parser(sub)
     watch.add_parser(sub)
+    ledger_cli.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -180,12 +189,18 @@ def main(argv: list[str] | None = None) -> int:
         return watch.run(args)
     if args.command == "advise":
         return advise_cli.run(args)
-    if args.command == "rehearsal-hosts":
+    if args.command == "ledger":
+        return ledger_cli.run(args)
+    if args.command in ("rehearsal-hosts", "real-hosts"):
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
         except ConfigError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        if args.command == "real-hosts":
+            for machine in real_machines(settings):
+                print(machine)
+            return 0
         for _, s in settings.per_host():
             if s.host.is_rehearsal:
                 print(s.host.rehearsal)

@@ -9,6 +9,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from .benchmark import benchmark_after_ready
+from .core import outputs as O
 from .core import router as R
 from .core.config import StackSettings
 from .core.errors import ConfigError
@@ -22,6 +23,7 @@ from .multinode import MultiNodeServing
 from .provider_start import read_ahead
 from .readiness_check import ReadinessCheck
 from .remote.ssh import rehearsal_addresses
+from .run_kind import says_preview_things
 from .resources import RouterReadiness
 from .router import Router
 from .serving_unit import ServingUnit, SwitchNotice
@@ -49,8 +51,8 @@ def deploy_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Outpu
                        pulumi.ResourceOptions(depends_on=[host, *installs]), prefix=prefix, router=router, after=after,
                        notice=notice)
     ready = ReadinessCheck(f"{prefix}readiness", plan, host, unit, prefix=prefix)
-    out = {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": plan.memory.as_dict(),
-           "host": host.facts, "readiness": ready.report, "service": unit.service}
+    out = {"endpoint": f"http://{host.address}:{settings.serving.port}", "memory": O.memory_output(plan.memory.as_dict()),
+           "host": host.facts.apply(O.host_output), "readiness": ready.report, "service": unit.service}
     if benchmark:
         out["benchmark"] = benchmark_after_ready(name, plan, host, unit, ready, Path(os.getcwd())).summary
     return out
@@ -118,7 +120,7 @@ def deploy_multinode(settings: StackSettings, plans: list, private_key, secret_e
     rank0, plan0 = plans[0]
     ready = ReadinessCheck(f"{rank0}-readiness", plan0, hosts[rank0], serving, prefix=f"{rank0}-")
     return {"endpoint": f"http://{hosts[rank0].address}:{plan0.settings.serving.port}", "readiness": ready.report,
-            "memory": plan0.memory.as_dict(), "host": {n: hosts[n].facts for n, _ in plans},
+            "memory": O.memory_output(plan0.memory.as_dict()), "host": {n: hosts[n].facts.apply(O.host_output) for n, _ in plans},
             "nodes": {n: {"rank": p.settings.node.rank, "address": hosts[n].address} for n, p in plans}}
 
 
@@ -154,8 +156,10 @@ def declare() -> None:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None
     settings, plans = checked.settings, checked.plans
-    for warning in checked.warnings:
-        pulumi.log.warn(warning)
+    # Said once a command (in the preview of a `pulumi up`, not again in its update).
+    if says_preview_things():
+        for warning in checked.warnings:
+            pulumi.log.warn(warning)
 
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None
@@ -163,8 +167,8 @@ def declare() -> None:
     if settings.node_names:
         multi = deploy_multinode(settings, plans, private_key, secret_env)
         first = plans[0][1]
-        pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
-                                   "layout": first.as_dict()["layout"], "nodes": list(settings.node_names)})
+        pulumi.export("strategy", O.strategy_output(settings.strategy_name, first.world_size, first.as_dict()["layout"],
+                                                    nodes=list(settings.node_names)))
         pulumi.export("unit", first.unit.name)
         for key, value in multi.items():
             pulumi.export(key, value)
@@ -183,8 +187,7 @@ def declare() -> None:
                                      notice=notice) for i, (name, plan) in enumerate(plans)}
 
     first = plans[0][1]
-    pulumi.export("strategy", {"name": settings.strategy_name, "world_size": first.world_size,
-                               "layout": first.as_dict()["layout"]})
+    pulumi.export("strategy", O.strategy_output(settings.strategy_name, first.world_size, first.as_dict()["layout"]))
     pulumi.export("unit", first.unit.name)
     if settings.benchmark.on_deploy:
         pulumi.export("benchmark", outputs[plans[0][0]]["benchmark"])

@@ -34,8 +34,13 @@ class ReadinessCheck(pulumi.ComponentResource):
             **({"hostEntry": prefix[:-1]} if prefix else {}),
         }, pulumi.ResourceOptions(parent=self, depends_on=[unit]))
         r = self.resource
+        # The stack output `readiness` is a record of the check at `checked_at` (Pulumi updates a
+        # stack's outputs only when that stack runs): another stack's switch, a crash or a destroy
+        # since then leave it as it was. Its verdict is therefore `status_when_checked`, never a
+        # plain `status` a script could take for the host's state now (issue 36.15); the host's
+        # state now: `python -m components status`.
         self.report = pulumi.Output.all(
-            status=r.status, unit=plan.unit.name, url=r.url, probe=r.probe, seconds_to_ready=r.seconds_to_ready,
+            status_when_checked=r.status, unit=plan.unit.name, url=r.url, probe=r.probe, seconds_to_ready=r.seconds_to_ready,
             checked_at=r.checked_at, checked_by=r.checked_by, layout=r.layout, model=r.model, served_model_name=r.served_model_name,
             version=r.version, mismatches=r.mismatches, reason=r.reason, rollback=r.rollback)
         self.register_outputs({"report": self.report})

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from . import host
+from . import degrade, host
 
 
 def _print_info(info: host.HostInfo, as_json: bool) -> None:
@@ -103,6 +103,16 @@ def main(argv: list[str] | None = None) -> int:
                    "machine: refuse if the machine is attached to a network overlapping it, else "
                    "add a no-route entry for it (idempotent; up does it too)")
 
+    sp = add("degrade", "degrade the host's simulated GPUs now (read by its next nvidia-smi): "
+             "a power cap, clocks locked low, a slower PCIe link, retired memory, persistence off")
+    sp.add_argument("--gpu", default="all", help="GPU indices, comma-separated, or 'all' (default)")
+    sp.add_argument("--power-cap", type=float, metavar="W", help="enforced power limit in watts (nvidia-smi -pl)")
+    sp.add_argument("--clocks-locked", type=int, metavar="MHz", help="graphics clocks held at MHz")
+    sp.add_argument("--pcie", metavar="genGxW", help="the link as trained now, e.g. gen4x8")
+    sp.add_argument("--ecc-retired-pages", type=int, metavar="N", help="memory retired after ECC errors, pending a reboot")
+    sp.add_argument("--persistence-off", action="store_true", help="persistence mode off (nvidia-smi -pm 0)")
+    sp.add_argument("--clear", action="store_true", help="remove every degradation (the profile's hardware again)")
+
     sp = add("rootfs", "build the base rootfs now (normally done by the first up)",
              name_nargs=None)
     sp.add_argument("--force", action="store_true", help="rebuild even when present")
@@ -140,6 +150,17 @@ def main(argv: list[str] | None = None) -> int:
             argv_ = host.ssh_argv(args.name, command)
             sys.stdout.flush()
             os.execvp(argv_[0], argv_)
+        elif args.verb == "degrade":
+            if args.clear:
+                gone = degrade.clear(args.name)
+                print(f"{args.name}: {'degradations removed' if gone else 'nothing was degraded'}")
+                return 0
+            changes = {k: v for k, v in (("power_cap_w", args.power_cap), ("clocks_locked_mhz", args.clocks_locked),
+                                         ("pcie", args.pcie), ("ecc_retired_pages", args.ecc_retired_pages),
+                                         ("persistence_off", args.persistence_off or None)) if v is not None}
+            gpus = [g.strip() for g in args.gpu.split(",") if g.strip()]
+            table = degrade.degrade(args.name, gpus, changes)
+            print(json.dumps({"host": args.name, "gpus": table}, indent=2))
         elif args.verb == "isolate":
             print(host.isolate_range())
         elif args.verb == "rootfs":

@@ -23,6 +23,7 @@ from .common import (RehearsalError, ensure_inotify_room, flock, global_lock, in
                      state_dir, umount_all_under, write_file)
 from .network import (MAX_INDEX, SUBNET_PREFIX, isolate_range, netns_name, network_down,
                       network_up, port_open, subnet, veth_name)
+from .checkpoint import INDEX, standin
 from .rootfs import GUEST_GPU_DIR, GUEST_PROFILE, ensure_rootfs
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -400,8 +401,17 @@ def _nspawn_argv(cfg: InstanceConfig, merged: Path) -> list[str]:
     if cfg.profile_path and _guest_profile_link(cfg) is None:
         argv.append(f"--bind-ro={cfg.profile_path}:{GUEST_PROFILE}")
     if cfg.model_source:
-        argv.append(f"--bind-ro={cfg.model_source}:/models/{cfg.model}")
+        argv.append(f"--bind-ro={mounted_model(Path(cfg.model_source))}:/models/{cfg.model}")
     return argv
+
+
+def mounted_model(source: Path) -> Path:
+    """What /models/<model> shows: a directory that holds a checkpoint (an index or shards) as it
+    is; a model's files without weights (rehearsal/models/<model>) as the small stand-in
+    checkpoint made from them (rehearsal/checkpoint.py, cached), since the engine loads shards."""
+    if (source / INDEX).is_file() or any(source.glob("*.safetensors")):
+        return source
+    return standin(str(source))
 
 
 # --------------------------------------------------------------------------------------
@@ -428,7 +438,7 @@ class HostInfo:
     profile_path: Optional[str] = None
     model: Optional[str] = None
     model_path: Optional[str] = None       # inside the host, e.g. /models/kimi-k2.6
-    model_source: Optional[str] = None     # the repository directory mounted there
+    model_source: Optional[str] = None     # the model's files; mounted there as mounted_model() says
     pid: Optional[int] = None              # systemd-nspawn
     leader_pid: Optional[int] = None       # the container's PID 1 (systemd) on the host
     pidns: Optional[str] = None            # the container's PID namespace, "pid:[...]"

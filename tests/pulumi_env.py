@@ -132,6 +132,25 @@ def settings_only_stack_files(project: Path) -> None:
         stack_file.write_text(yaml.safe_dump({"config": doc.get("config") or {}}, sort_keys=False))
 
 
+def committed_stack_files(project: Path) -> list[str]:
+    """In a copy of the checkout: each Pulumi.<stack>.yaml as a clone of it gets it, i.e. as git's
+    index holds it (what the next commit holds), and none that git does not track. A developer's
+    own runs write an `encryptionsalt` into the working copy (their passphrase's); a clone never
+    has it unless it was committed, which is what a test of the team flow must see. Outside a git
+    checkout the files stay as copied. Returns the stack names."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--", "Pulumi.*.yaml"], capture_output=True, timeout=60)
+    if listed.returncode != 0:
+        return sorted(p.name[len("Pulumi."):-len(".yaml")] for p in Path(project).glob("Pulumi.*.yaml"))
+    tracked = [name for name in listed.stdout.decode().split("\0") if name and "/" not in name]
+    for stack_file in Path(project).glob("Pulumi.*.yaml"):
+        if stack_file.name not in tracked:
+            stack_file.unlink()
+    for name in tracked:
+        shown = subprocess.run(["git", "-C", str(REPO), "show", f":{name}"], capture_output=True, check=True, timeout=60)
+        (Path(project) / name).write_bytes(shown.stdout)
+    return sorted(name[len("Pulumi."):-len(".yaml")] for name in tracked)
+
+
 @contextmanager
 def provider_process(cwd: Path) -> Iterator[object]:
     """The dynamic-provider launcher (scripts/pulumi-build/language-python) started as the engine

@@ -267,6 +267,8 @@ def _enclosing(tree, target) -> str:
 
 # A real ed25519 public key (generated for these tests; a public key, no secret).
 HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBk5Cd7Ad55IN5VS2Wro6PHRmPTvaG4gJLQZKW5EjmqI"
+# A commit a hub: model.source pins (any 40 lower-case hex digits).
+PINNED = "0123456789abcdef0123456789abcdef01234567"
 # One valid value per text setting: each hostile variant is made from it, and the valid value
 # itself must pass (so a refusal is the hostile part's doing). A new text setting must be added
 # here: test_every_text_setting_has_a_valid_value says so.
@@ -276,6 +278,7 @@ VALID = {
     ("host", "privateKeyPath"): "/root/.ssh/id_ed25519",
     ("model", "profile"): "kimi-k2.6", ("model", "name"): "kimi-k2.6", ("model", "path"): "/models/kimi-k2.6",
     ("model", "servedName"): "kimi-k2.6",
+    ("model", "source"): "verify", ("model", "hubEndpoint"): "http://10.0.0.5:8080",
     ("strategy", "name"): "tp8", ("strategy", "moeA2aBackend"): "none",
     ("strategy", "nodeNetwork"): "tcp", ("strategy", "socketInterface"): "eth0",
     ("serving", "host"): "0.0.0.0", ("serving", "attentionBackend"): "fa3", ("serving", "grammarBackend"): "xgrammar",
@@ -285,7 +288,7 @@ VALID = {
     ("cuda", "aptPackage"): "cuda-toolkit-13-0", ("cuda", "keyringSha256"): "0" * 64,
     ("cuda", "aptRepository"): "deb [signed-by=/usr/share/keyrings/cuda.gpg] https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /",  # noqa: E501 - one literal
     ("venv", "path"): "/root/venv_sglang211", ("venv", "python"): "3.12", ("venv", "wheelhouse"): "/srv/wheels",
-    ("benchmark", "client"): "rehearsal",
+    ("benchmark", "client"): "rehearsal", ("readiness", "fitness"): "refuse",
 }
 
 
@@ -354,6 +357,9 @@ def _with(base: dict, section: str, key: str, value) -> dict:
     config = {**base, section: {**(base.get(section) or {}), key: value}}
     if section == "model":
         config["model"] = {"profile": "kimi-k2.6", key: value} if key != "profile" else {"profile": value}
+    if (section, key) == ("model", "hubEndpoint"):
+        # An endpoint is for a hub: source only (model_source.check refuses it beside any other).
+        config["model"]["source"] = f"hub:moonshotai/Kimi-K2-Instruct@{PINNED}"
     if (section, key) == ("strategy", "nodes"):
         # A multi-node layout over the two machines it names, TP16 over their 16 GPUs.
         config["strategy"] = {**config["strategy"], "tpSize": 16}

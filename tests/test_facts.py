@@ -1,10 +1,12 @@
 """Fact parsers against real captures (tests/data/nvidia/) and data cases (tests/data/facts/)."""
-import re
 import dataclasses
+import json
+import re
 
 import pytest
 
 from components.core import facts as F
+from components.core import fitness as FITNESS
 
 from .casedata import DATA, cases
 
@@ -12,7 +14,28 @@ PARSERS = {
     "query_gpu": F.parse_query_gpu, "smi_header": F.parse_smi_header, "topo": F.parse_topo,
     "nvcc": F.parse_nvcc, "systemctl_show": F.parse_systemctl_show, "os_release": F.parse_os_release,
     "facts": F.parse_facts,
+    "fitness_xml": lambda text: fitness_reading(FITNESS.parse_fitness(text)),
+    "nccl": FITNESS.parse_nccl, "iommu": FITNESS.parse_iommu,
 }
+
+
+def fitness_reading(f: FITNESS.HostFitness) -> dict:
+    """A fitness reading as a case states it: the versions, each GPU, what is degraded now."""
+    return {"driver_version": f.driver_version, "cuda_version": f.cuda_version, "problems": list(f.problems),
+            "gpus": [dataclasses.asdict(g) | {"clock_limits": list(g.clock_limits)} for g in f.gpus],
+            "degradations": FITNESS.degradations(f)}
+
+
+def edited(text: str, edits: list) -> str:
+    """A real capture with a case's edits: [old, new, which occurrence (0: the first)], each
+    of which must be there (a case degrades one GPU of a real report, in the tool's own shape)."""
+    for old, new, which in edits:
+        at = -1
+        for _ in range(which + 1):
+            at = text.find(old, at + 1)
+            assert at >= 0, f"the capture has no occurrence {which} of {old!r}"
+        text = text[:at] + new + text[at + len(old):]
+    return text
 # The command each parser reads (pinned in a case's "command", as pyinfra's fact cases do, so the
 # script cannot change without its cases).
 COMMANDS = {"facts": F.FACTS_SCRIPT.strip().splitlines()}
@@ -21,6 +44,7 @@ COMMANDS = {"facts": F.FACTS_SCRIPT.strip().splitlines()}
 @pytest.mark.parametrize("name,case", cases("facts"), ids=lambda x: x if isinstance(x, str) else "")
 def test_fact_case(name, case):
     text = (DATA / case["fixture"]).read_text() if "fixture" in case else case["output"]
+    text = edited(text, case.get("edit", []))
     if "command" in case:
         assert case["command"] == COMMANDS[case["parser"]]
     parser = PARSERS[case["parser"]]
@@ -39,6 +63,8 @@ def test_fact_case(name, case):
         got = got.as_dict()
     if isinstance(got, list):
         got = [dataclasses.asdict(g) for g in got]
+    if isinstance(got, (tuple, dict)):
+        got = json.loads(json.dumps(got))  # as a case states it (tuples are lists)
     if case["parser"] == "topo":
         got = {k: got[k] for k in ("gpus", "interconnect")}
     if "expect_subset" in case:
@@ -59,6 +85,22 @@ GPU1\tNODE\t X \t0-31
 @@nvcc
 sh: 1: /usr/local/cuda-13.0/bin/nvcc: not found
 @@rc=127
+@@fitness
+<?xml version="1.0" ?>
+<nvidia_smi_log>
+\t<driver_version>580.95.05</driver_version>
+\t<cuda_version>13.0</cuda_version>
+\t<gpu id="00000000:17:00.0">
+\t\t<product_name>NVIDIA RTX PRO 6000 Blackwell Server Edition</product_name>
+\t\t<uuid>GPU-a</uuid>
+\t\t<persistence_mode>Disabled</persistence_mode>
+\t</gpu>
+</nvidia_smi_log>
+@@iommu
+groups 12
+cmdline BOOT_IMAGE=/vmlinuz root=/dev/sda1 intel_iommu=on iommu=pt
+@@nccl
+system /usr/lib/x86_64-linux-gnu/libnccl.so.2.27.7
 @@os
 PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"
 @@kernel
@@ -71,6 +113,9 @@ def test_batched_facts_parse_and_check():
     f = F.parse_facts(RTX_FACTS.replace("\\t", "\t"))
     assert len(f.gpus) == 2 and f.cuda_driver_version == "13.0" and f.interconnect == "pcie"
     assert f.toolkit_version is None and f.os.startswith("Debian")
+    assert f.fitness.gpus[0].persistence_mode == "Disabled" and f.fitness.nccl_version == "2.27.7"
+    assert f.fitness.iommu is True and f.fitness.iommu_cmdline == ("intel_iommu=on", "iommu=pt")
+    assert F.HostFacts.from_dict(f.as_dict()) == f  # through Pulumi's state and back
     assert F.check_facts(f, gpu_count=2, gpu_memory_gb=96, interconnect="pcie", needed_gpus=2) == []
     problems = F.check_facts(f, gpu_count=8, gpu_memory_gb=96, interconnect="pcie", needed_gpus=8)
     assert problems and "needs 8 GPUs but the host has 2" in problems[0]
@@ -80,7 +125,8 @@ def test_batched_facts_parse_and_check():
 
 
 def test_nvidia_smi_failure_is_a_problem_not_a_crash():
-    f = F.parse_facts("@@query\nNVIDIA-SMI has failed\n@@rc=9\n@@smi\n@@topo\n@@nvcc\n@@os\n@@kernel\n@@end\n")
+    f = F.parse_facts("@@query\nNVIDIA-SMI has failed\n@@rc=9\n@@smi\n@@topo\n@@nvcc\n@@fitness\nNVIDIA-SMI has failed\n@@rc=9\n"
+                      "@@iommu\n@@nccl\n@@os\n@@kernel\n@@end\n")
     assert f.gpus == [] and f.problems == [f"nvidia-smi lists no GPUs on the host: `{' '.join(F.GPU_QUERY)}` exited 9: "
                                            "NVIDIA-SMI has failed"]
     problems = F.check_facts(f, gpu_count=8, gpu_memory_gb=141, interconnect="nvlink", needed_gpus=8)
@@ -106,10 +152,14 @@ echo '@@query'; nvidia-smi {query} 2>&1 || echo "@@rc=$?"
 echo '@@smi'; nvidia-smi 2>&1 | head -n 6
 echo '@@topo'; nvidia-smi topo -m 2>&1
 echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
+echo '@@fitness'; { nvidia-smi -q -x 2>&1 || echo "@@rc=$?"; } | {xml_filter}
+echo '@@iommu'; {iommu}
+echo '@@nccl'; {nccl}
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
 echo '@@end'
-""".replace("{query}", " ".join(F.GPU_QUERY[1:]))
+""".replace("{query}", " ".join(F.GPU_QUERY[1:])).replace("{xml_filter}", FITNESS.XML_FILTER) \
+    .replace("{iommu}", FITNESS.IOMMU_SCRIPT).replace("{nccl}", FITNESS.NCCL_SCRIPT)
 
 # A stand-in nvidia-smi / nvcc whose slowest answer is the first section's, each logging when it
 # ran: printed in turn, the sections would come back in the wrong order if nothing sorted them.
@@ -120,6 +170,12 @@ case "$1" in
                  i=0; while [ $i -lt 8 ]; do echo "$i, GPU-$i, NVIDIA H200, 143771, 570.86.15, 00000000:0$i:00.0"; i=$((i+1)); done ;;
   topo) sleep 0.1; printf '\033[4mGPU0\tGPU1\033[0m\nGPU0\t X \tNV18\n\nLegend:\n  X    = Self\n' ;;
   "") sleep 0.2; i=0; while [ $i -lt 40 ]; do echo "header line $i with some width to it ....................."; i=$((i+1)); done ;;
+  -q) sleep 0.15; [ -n "$SMI_FAIL" ] && { echo "NVIDIA-SMI has failed"; exit 9; }
+      printf '<?xml version="1.0" ?>\n<nvidia_smi_log>\n\t<driver_version>570.86.15</driver_version>\n'
+      i=0; while [ $i -lt 8 ]; do
+        printf '\t<gpu id="00000000:0%d:00.0">\n\t\t<uuid>GPU-%d</uuid>\n\t\t<serial>%d</serial>\n\t</gpu>\n' $i $i $i
+        i=$((i+1)); done
+      echo '</nvidia_smi_log>' ;;
 esac
 echo "end $(date +%s.%N) $*" >> "$FAKE_LOG"
 """
@@ -164,11 +220,13 @@ def test_the_facts_commands_run_at_once_and_answer_as_if_in_turn(tmp_path, varia
     facts = F.parse_facts(concurrent.decode())
     assert len(facts.gpus) == (0 if variant == "nvidia-smi fails" else 8)
     assert facts.toolkit_version == (None if variant == "no nvcc" else "13.0")
+    if variant != "nvidia-smi fails":  # the report cut to what fitness reads: not the serial
+        assert [g.uuid for g in facts.fitness.gpus] == [f"GPU-{i}" for i in range(8)] and b"<serial>" not in concurrent
     # At once: every command had started before the first one ended.
     events = [line.split(" ", 2) for line in log if line]
     first_end = min(float(t) for kind, t, _ in events if kind == "end")
     starts = [float(t) for kind, t, _ in events if kind == "start"]
-    assert len(starts) == (3 if variant == "no nvcc" else 4) and max(starts) < first_end, log
+    assert len(starts) == (4 if variant == "no nvcc" else 5) and max(starts) < first_end, log
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,3 +279,14 @@ def test_every_property_a_parser_reads_is_asked_for():
     assert {"ActiveState", "NRestarts", "ExecMainStatus", "ActiveEnterTimestampMonotonic"} <= set(read)
     unasked = {name: files for name, files in read.items() if name not in facts.UNIT_PROPERTIES and name not in NOT_PROPERTIES}
     assert not unasked, f"read but never asked for (add to facts.UNIT_PROPERTIES): {unasked}"
+
+
+@pytest.mark.parametrize("capture", ["h200-1gpu", "h200-2gpu-nvlink"])
+def test_the_report_cut_on_the_host_reads_as_the_whole_report(capture):
+    """XML_FILTER (run on the host, in FACTS_SCRIPT) keeps every element the parser reads."""
+    import subprocess
+    whole = (DATA / "nvidia" / capture / "nvidia-smi-q.xml").read_text()
+    cut = subprocess.run(["sh", "-c", FITNESS.XML_FILTER], input=whole, capture_output=True, text=True, timeout=30)
+    assert cut.returncode == 0 and cut.stderr == ""
+    assert FITNESS.parse_smi_xml(cut.stdout) == FITNESS.parse_smi_xml(whole)
+    assert len(cut.stdout) < len(whole) / 4 and "<supported_graphics_clock>" not in cut.stdout

@@ -250,7 +250,8 @@ def test_the_store_never_keeps_a_result_without_an_exit_status(rc):
     assert cache.wait_idle() and cache.take("h", "k").rc == 0
 
 
-WHOLE_FACTS = (FACTS_OUT + b"@@smi\n@@topo\n\tGPU0\tCPU Affinity\nGPU0\t X \t0-31\n@@nvcc\n@@rc=127\n@@os\n"
+WHOLE_FACTS = (FACTS_OUT + b"@@smi\n@@topo\n\tGPU0\tCPU Affinity\nGPU0\t X \t0-31\n@@nvcc\n@@rc=127\n@@fitness\n@@rc=9\n"
+               b"@@iommu\n@@nccl\n@@os\n"
                b"PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n@@kernel\n6.1.0\n@@end\n")
 
 

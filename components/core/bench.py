@@ -171,7 +171,10 @@ def run_name(when: datetime) -> str:
 
 def meta(*, stack: str, strategy: str, layout: dict, host: str, model: dict, sglang_version: Optional[str],
          client_module: str, server_version: Optional[str], rehearsal: bool, started: datetime,
-         finished: datetime, settings: BenchmarkSettings, levels: list[dict]) -> dict[str, Any]:
+         finished: datetime, settings: BenchmarkSettings, levels: list[dict],
+         fitness: Optional[dict] = None) -> dict[str, Any]:
+    """meta.json. `fitness`: the host's fitness facts read as the run started (core/fitness.py),
+    the baseline later readings are compared with (core/fitness_baseline.py); None: unread."""
     return {
         "stack": stack, "strategy": strategy, "layout": layout, "host": host, "model": model,
         "sglang_version": sglang_version, "client": {"module": client_module, "kind": settings.client},
@@ -185,6 +188,7 @@ def meta(*, stack: str, strategy: str, layout: dict, host: str, model: dict, sgl
                      "outputLen": settings.output_len, "rangeRatio": settings.range_ratio,
                      "promptsPerConcurrency": settings.prompts_per_concurrency, "seed": settings.seed},
         "levels": levels,
+        "fitness": fitness,
     }
 
 

@@ -65,6 +65,9 @@ class Run:
     # The benchmark settings `components bench` recorded (inputLen, outputLen, rangeRatio,
     # promptsPerConcurrency); {} for runs stored without them.
     settings: dict = field(default_factory=dict, compare=False)
+    # The host's fitness facts as the run started (meta.json `fitness`; core/fitness_baseline.py
+    # compares them with the host's now); None for a run recorded before they were read.
+    fitness: dict | None = field(default=None, compare=False, repr=False)
 
     @property
     def date(self) -> str:
@@ -212,7 +215,8 @@ def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run
                model=str(model or info.get("served_model_name") or info.get("model_path") or "unknown model"),
                sglang_version=version, rehearsal=rehearsal, levels=dict(sorted(by_level.items())), notes=tuple(notes),
                server_version=server_version,
-               settings=meta["settings"] if isinstance(meta.get("settings"), dict) else {})
+               settings=meta["settings"] if isinstance(meta.get("settings"), dict) else {},
+               fitness=meta.get("fitness") if isinstance(meta.get("fitness"), dict) else None)
 
 
 def load_run(folder: Path, stack: str) -> Run:

@@ -33,8 +33,9 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from . import flags
+from . import flags, model_source
 from .errors import ConfigError, SettingError, secret_kind, shown
+from .fitness_baseline import check_policy as check_fitness_policy
 from .profiles import PROFILES
 from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, breaks_secret_line, credential_name
 from .rules import rx as _rx
@@ -460,6 +461,9 @@ class ModelSettings(Settings):
     attention_weights_gb: float = Field(0, ge=0, le=1_000_000)
     # For non-MLA models: KV bytes per token per layer before TP split (2 x heads x dim x bytes).
     kv_bytes_per_token_per_layer: Optional[int] = Field(None, gt=0)
+    # Where the host's checkpoint comes from (verify, host:, local:, hub:): model_source.py.
+    source: _text(model_source.MAX_SOURCE, "model source", None, model_source.checked) = "verify"
+    hub_endpoint: Optional[_text(model_source.MAX_ENDPOINT, "Hub endpoint URL", None, model_source.endpoint)] = None
 
 
     @model_validator(mode="before")
@@ -624,6 +628,8 @@ class ReadinessSettings(Settings):
     generation_timeout_seconds: float = Field(60, gt=0, le=3600)
     # Once ready, the unit must stay up this long (catches crash-loops right after ready).
     settle_seconds: float = Field(1, ge=0, le=600)
+    # A start on a machine whose fitness drifted from its benchmark baseline (core/fitness_baseline.py).
+    fitness: Annotated[str, BeforeValidator(check_fitness_policy)] = "warn"
 
 
 BENCH_CLIENTS = ("venv", "rehearsal")
@@ -884,6 +890,7 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
     router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors)
     _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, router, errors)
     _check_ssh_ports(sections.get("host"), sections.get("serving"), sections.get("strategy"), hosts, router, errors)
+    errors += model_source.check(sections.get("model"), hosts, SYSTEM_DIRS)
     if errors:
         raise ConfigError(errors, f"stack {stack}")
     return StackSettings(stack=stack, hosts=hosts, router=router, **sections)

@@ -12,6 +12,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from .fitness import IOMMU_SCRIPT, NCCL_SCRIPT, XML_FILTER, HostFitness, parse_fitness
+
 GPU_FIELDS = ["index", "uuid", "name", "memory.total", "driver_version", "pci.bus_id"]
 GPU_QUERY = ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
 
@@ -167,12 +169,18 @@ tag() { awk -v n="$1" '{ print n " " $0; fflush() }'; }
   { echo '@@smi'; nvidia-smi 2>&1 | head -n 6; } | tag 2 &
   { echo '@@topo'; nvidia-smi topo -m 2>&1; } | tag 3 &
   { echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"; } | tag 4 &
+  { echo '@@fitness'; { nvidia-smi -q -x 2>&1 || echo "@@rc=$?"; } | {xml_filter}; } | tag 5 &
+  { echo '@@iommu'; {iommu}; } | tag 6 &
   wait; } | sort -s -n -k1,1 | cut -d ' ' -f 2-
+echo '@@nccl'; {nccl}
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
 echo '@@end'
-""".replace("{query}", " ".join(GPU_QUERY[1:]))
-FACTS_SECTIONS = ("query", "smi", "topo", "nvcc", "os", "kernel", "end")
+""".replace("{query}", " ".join(GPU_QUERY[1:])).replace("{xml_filter}", XML_FILTER).replace("{iommu}", IOMMU_SCRIPT) \
+    .replace("{nccl}", NCCL_SCRIPT)
+# $1: the CUDA home (nvcc); $2: the serving venv (its NCCL), may be empty. The fitness sections
+# (core/fitness.py) are read with the rest: one round trip still.
+FACTS_SECTIONS = ("query", "smi", "topo", "nvcc", "fitness", "iommu", "nccl", "os", "kernel", "end")
 
 
 @dataclass
@@ -185,6 +193,8 @@ class HostFacts:
     os: str
     kernel: str
     problems: list[str] = field(default_factory=list)
+    # Power, clocks, PCIe link, ECC, NCCL, IOMMU (core/fitness.py); None in a state written before.
+    fitness: Optional[HostFitness] = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "HostFacts":
@@ -192,7 +202,7 @@ class HostFacts:
         return cls(gpus=[Gpu(**g) for g in d.get("gpus") or []], driver_version=d.get("driver_version", ""),
                    cuda_driver_version=d.get("cuda_driver_version", ""), interconnect=d.get("interconnect", "unknown"),
                    toolkit_version=d.get("toolkit_version"), os=d.get("os", ""), kernel=d.get("kernel", ""),
-                   problems=list(d.get("problems") or []))
+                   problems=list(d.get("problems") or []), fitness=HostFitness.from_dict(d.get("fitness")))
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -254,6 +264,7 @@ def parse_facts(text: str) -> HostFacts:
         os=osr.get("PRETTY_NAME", ""),
         kernel=s.get("kernel", "").strip(),
         problems=problems,
+        fitness=parse_fitness(s.get("fitness", ""), s.get("nccl", ""), s.get("iommu", "")) if gpus else None,
     )
 
 

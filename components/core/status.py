@@ -16,6 +16,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .changes import environment_changes, flag_changes
 from .facts import SHOW_OPTIONS
 from .readiness import flag_groups
 from .unit import MANAGED_UNITS_GREP, MARKER_KEY, UNIT_DIR, own_drop_ins
@@ -260,20 +261,6 @@ def is_superseded(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(SUPERSEDED)
 
 
-def _value_diff(before: dict[str, str], after: dict[str, str], *, hidden: set[str]) -> list[str]:
-    out = []
-    for key in sorted(set(before) | set(after)):
-        if key in hidden:
-            continue
-        if key not in after:
-            out.append(f"{key}: {before[key]} -> (not set)")
-        elif key not in before:
-            out.append(f"{key}: (not set) -> {after[key]}")
-        elif before[key] != after[key]:
-            out.append(f"{key}: {before[key]} -> {after[key]}")
-    return out
-
-
 def switch_block(*, label: str, target_unit: str, target_stack: str, declared_argv: list[str],
                  declared_environment: dict[str, str], secret_keys: list[str], host: HostServing,
                  ignore_variables: frozenset[str] = frozenset(), max_lines: int = 40) -> list[str]:
@@ -292,15 +279,7 @@ def switch_block(*, label: str, target_unit: str, target_stack: str, declared_ar
         lines.append(f"{label}: it will stop; {target_unit} (stack {target_stack}) starts, {describe_layout(new_layout)}")
     u = others[0]
     if u.argv:
-        before, after = dict(flag_groups(u.argv)), dict(flag_groups([str(a) for a in declared_argv]))
-        flag_lines = []
-        for f in list(before) + [f for f in after if f not in before]:
-            if f not in after:
-                flag_lines.append(f"{f} {before[f]}".rstrip() + " -> (dropped)")
-            elif f not in before:
-                flag_lines.append(f"(new) {f} {after[f]}".rstrip())
-            elif before[f] != after[f]:
-                flag_lines.append(f"{f} {before[f]} -> {after[f]}")
+        flag_lines = flag_changes(u.argv, [str(a) for a in declared_argv])
         lines.append(f"  flags ({u.stack or u.name} -> {target_stack}):" + (" identical" if not flag_lines else ""))
         lines += [f"    {x}" for x in flag_lines]
     if u.environ:
@@ -310,7 +289,7 @@ def switch_block(*, label: str, target_unit: str, target_stack: str, declared_ar
         # A variable the running server has and the new declaration lacks may be a secret of the
         # old one: named, never shown.
         shown = {k: v for k, v in running.items() if k in declared_environment}
-        env_lines = _value_diff(shown, declared_environment, hidden=hidden)
+        env_lines = environment_changes(shown, declared_environment, hidden=frozenset(hidden))
         env_lines += [f"{k}: set now -> (not set)" for k in sorted(set(running) - set(declared_environment) - hidden)]
         lines.append("  environment:" + (" identical" if not env_lines else ""))
         lines += [f"    {x}" for x in env_lines]

@@ -26,7 +26,9 @@ from ..core import status as S
 from ..core.errors import ConfigError
 from ..core.plan import check_stack, declared_layout
 from ..core.stack_config import from_files
-from ..core.venv import distribution_of, normalize
+from ..core.facts import FactError, parse_facts
+from ..core.fitness import with_venv_nccl
+from ..core.venv import distribution_of, normalize, parse_venv_probe
 from . import identity, ssh
 from . import status as remote_status
 from .common import changed as _changed
@@ -133,6 +135,18 @@ def run_bench(project_dir: Path, stack: str, progress: Callable[[str], None] = p
                        progress)
 
 
+def fitness_now(t: ssh.Target, spec: dict) -> Optional[dict]:
+    """The host's fitness facts (the host-facts read) with the NCCL of the serving venv (its
+    read), recorded in meta.json as the run's baseline; None when they cannot be read (the run
+    goes on: a figure without a baseline is compared as "unknown", never refused)."""
+    try:
+        facts = parse_facts(ssh.fetch(t, reads.host_facts({"cudaHome": spec.get("cudaHome", "/usr/local/cuda")})[0]).stdout)
+        venv = parse_venv_probe(ssh.fetch(t, reads.python_venv({"path": spec["python"].rsplit("/bin/", 1)[0]})[0]).stdout)
+    except (ssh.RemoteError, FactError):
+        return None
+    return with_venv_nccl(facts.fitness, venv.packages).as_dict() if facts.fitness else None
+
+
 def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callable[[str], None]) -> tuple[Path, dict]:
     """The benchmark of one host (`spec`: core.bench.host_spec), its files kept under
     results_root/<stack>/<UTC time>/; returns (that folder, its meta.json)."""
@@ -156,6 +170,7 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
     port = int(serving.layout["port"]) if str(serving.layout.get("port", "")).isdigit() else int(spec["port"])
     address = reads.probe_address(str(serving.layout.get("host", spec["bind"])))
 
+    fitness = fitness_now(t, spec)
     started = datetime.now(timezone.utc)
     out_dir = results_root / stack / B.run_name(started)
     remote_dir = f"{B.REMOTE_RUN_DIR}/{stack}-{B.run_name(started)}"
@@ -191,7 +206,7 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
     doc = B.meta(stack=stack, strategy=spec["strategy"], layout=spec["declared"] | {"describe": spec["describe"]},
                  host=spec["hostLabel"], model=spec["model"], sglang_version=found["version"],
                  client_module=found["module"], server_version=server_version, rehearsal=rehearsal, started=started,
-                 finished=datetime.now(timezone.utc), settings=bench, levels=summaries)
+                 finished=datetime.now(timezone.utc), settings=bench, levels=summaries, fitness=fitness)
     (out_dir / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
     return out_dir, doc
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import sys
 
-from . import ssh
+from . import engine_log, ssh
 
 
-def progress(message: str) -> None:
-    # The engine shows a provider's stderr in the update's output: progress, not silence.
-    print(message, file=sys.stderr, flush=True)
+def progress(message: str, ephemeral: bool = False) -> None:
+    """A line (or block) for the run's output: progress, not silence. One message to the engine
+    (engine_log.py); `ephemeral`: a step of a wait, shown while it happens, not kept among the
+    run's diagnostics. Outside the engine, stderr."""
+    if not engine_log.say(message, ephemeral=ephemeral):
+        print(message, file=sys.stderr, flush=True)
 
 
 def require_target(props: dict, stored: bool = False) -> ssh.Target:

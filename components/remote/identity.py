@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import threading
 from typing import Any, Optional
 
 from pulumi.dynamic import ReadResult
 
 from . import ssh
+from .common import progress
 
 PRESENTED = "hostKeyPresented"
 # A refresh read that cannot reach the state's machine fails the run as it always did, unless
@@ -62,7 +62,7 @@ def _say_once(key: tuple, message: str) -> None:
         if key in _said:
             return
         _said.add(key)
-    print(message, file=sys.stderr, flush=True)
+    progress(message)
 
 
 def _named(c: dict) -> str:

@@ -175,7 +175,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         since0, base0 = started[0]
         report = probe.wait_ready(targets[0], unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                   settings=props.get("readiness") or {}, since=since0, baseline=base0,
-                                  progress=lambda m: _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {m}"),
+                                  progress=lambda m: _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {m}", ephemeral=True),
                                   others=self._ranks_look(targets, nodes, unit, started))
         ranks = []
         for k in range(1, len(targets)):
@@ -193,14 +193,15 @@ class MultiNodeServiceProvider(ServiceProvider):
     @staticmethod
     def _ranks_look(targets, nodes, unit: str, started: dict):
         """What rank 0's wait asks at each poll (probe.wait_ready's `others`): which ranks >= 1 have
-        not joined yet, looked at every RANK_LOOK_SECONDS at most; once all joined, no more looks."""
+        not joined yet, looked at every RANK_LOOK_SECONDS at most and said when it changes; once all
+        joined, no more looks. Returns why waiting longer is pointless (None: it is not)."""
         import time
         last: dict[str, object] = {"at": None, "said": ("", None)}
 
-        def look() -> tuple[str, Optional[str]]:
+        def look() -> Optional[str]:
             now = time.monotonic()
             if last["said"][0] == "every rank joined" or (last["at"] is not None and now - last["at"] < RANK_LOOK_SECONDS):
-                return last["said"]
+                return last["said"][1]
             last["at"] = now
             waiting, gone = [], []
             for k in range(1, len(targets)):
@@ -210,8 +211,12 @@ class MultiNodeServiceProvider(ServiceProvider):
                 who = f"rank {k} on {nodes[k]['hostEntry']} ({targets[k].label})"
                 problem = R.rank_problem(started[k][1], state)
                 (gone if problem else waiting).append(f"{who}: {problem}" if problem else who)
-            last["said"] = R.ranks_waited_for(waiting, gone)
-            return last["said"]
+            said = R.ranks_waited_for(waiting, gone)
+            if said[0] != last["said"][0]:
+                # Kept among the run's lines (not a step of the wait): which rank holds rank 0 up.
+                _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {said[0]}")
+            last["said"] = said
+            return said[1]
         return look
 
     def _fail_all(self, targets, nodes, plans, props, status: str, reason: str, culprit: Optional[int], started: dict,
@@ -281,7 +286,7 @@ class MultiNodeServiceProvider(ServiceProvider):
                     f"{ROLLBACK_FAILED} {previous} (rank {rank.group(1)}) did not stay up: {problem}.")
         bind, port = self._address_of(t, previous, props)
         report = probe.wait_ready(t, previous, bind=bind, port=port, declared={}, settings=props.get("readiness") or {},
-                                  since=since, baseline=baseline, progress=lambda m: _progress(f"rollback {m}"))
+                                  since=since, baseline=baseline, progress=lambda m: _progress(f"rollback {m}", ephemeral=True))
         if report.status == R.READY:
             return True, f"rolled back: restarted {previous}, the strategy that was serving before; it generates again."
         return False, f"{ROLLBACK_FAILED} {previous} did not come back ({report.status}: {report.reason})."

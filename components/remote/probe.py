@@ -220,11 +220,11 @@ def now_iso() -> str:
 
 def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict[str, Any], settings: dict[str, float],
                since: Optional[int], baseline: R.UnitState, progress: Callable[[str], None],
-               others: Optional[Callable[[], tuple[str, Optional[str]]]] = None) -> R.Report:
+               others: Optional[Callable[[], Optional[str]]] = None) -> R.Report:
     """Poll until a verdict; returns the report (status is one of readiness.OUTCOMES).
     `since` None: the journal is not read (waiting for a server someone else started). `others`:
-    asked at each poll while it loads, what else it waits for (a multi-node layout's ranks):
-    (a note for the progress line, or why waiting longer is pointless: then the wait ends, timed out)."""
+    asked at each poll while it loads, whether what else it waits for (a multi-node layout's
+    ranks) makes waiting longer pointless: the reason, and the wait ends, timed out."""
     address = probe_address(bind)
     url = f"http://{address}:{port}"
     start = time.monotonic()
@@ -252,13 +252,13 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
             ready_logged_at = elapsed
         verdict = R.judge(baseline, obs, deadline, ever_healthy,
                           None if ready_logged_at is None else ready_logged_at + gen_timeout)
-        note, pointless = others() if others is not None and verdict.outcome is None else ("", None)
+        pointless = others() if others is not None and verdict.outcome is None else None
         if pointless:
             verdict = R.Verdict(R.TIMED_OUT, verdict.phase, f"still {verdict.phase} after {elapsed:.0f} s; stopped waiting: "
                                                            f"{pointless}")
-        if (verdict.phase, note) != last_phase or verdict.outcome:
-            progress(f"{unit}: {verdict.phase} ({elapsed:.0f} s)" + (f"; {note}" if note else ""))
-            last_phase = (verdict.phase, note)
+        if verdict.phase != last_phase or verdict.outcome:
+            progress(f"{unit}: {verdict.phase} ({elapsed:.0f} s)")
+            last_phase = verdict.phase
         if verdict.outcome == R.READY:
             ever_healthy = True
             if settle:

@@ -42,7 +42,7 @@ from ..core.facts import (
     parse_systemctl_show,
     split_sections,
 )
-from . import identity, probe, ssh
+from . import cli, identity, preview, probe, ssh
 from . import router as router_roll
 from .common import changed as _changed
 from .common import moved as _moved
@@ -339,13 +339,16 @@ class RemoteFileProvider(ResourceProvider):
                 if isinstance(value, str) and breaks_secret_line(value)]
 
     def check(self, olds, news):
-        if not olds and news.get("showWhenNew") and isinstance(news.get("content"), str):
+        if not olds and news.get("showWhenNew") and isinstance(news.get("content"), str) \
+                and cli.provider_says_preview_things():
             # A new file's text, whole (the engine's display shortens a new multi-line value); a
-            # changed one shows as the engine's line diff of `content`, an unchanged one not at all.
+            # changed one shows as the engine's line diff of `content`, an unchanged one not at all;
+            # once a command (in the preview of a `pulumi up`, not again in its update).
             _progress(f"{_who(news)}{news.get('path')} as it will be written:\n{news['content']}".rstrip("\n"))
-        return CheckResult(news, [CheckFailure("secretEnvironment", f"the secret for {key} (gpu-serving:hfToken) is empty or "
-                                               "contains whitespace, a quote, a backslash, $ or a backtick; a token never does")
-                                  for key in self._bad_secrets(news)])
+        return CheckResult(news, [
+            CheckFailure("secretEnvironment", f"the secret for {key} (gpu-serving:hfToken) is empty or contains whitespace, "
+                                              "a quote, a backslash, $ or a backtick; a token never does")
+            for key in self._bad_secrets(news)])
 
     def _full(self, props: dict) -> bytes:
         bad = self._bad_secrets(props)
@@ -550,7 +553,7 @@ class ServiceProvider(ResourceProvider):
             since, baseline = probe.start(t, unit, plan.starts.action, before=steps[:at])
             report = probe.wait_ready(t, unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                       settings=props.get("readiness") or {}, since=since, baseline=baseline,
-                                      progress=lambda m: _progress(_who(props) + m))
+                                      progress=lambda m: _progress(_who(props) + m, ephemeral=True))
             if report.status != R.READY:
                 self._fail(t, props, report, plan, since)
             _remember_check(t, unit, report.as_dict())
@@ -626,7 +629,7 @@ class ServiceProvider(ResourceProvider):
             since, baseline = probe.start(t, previous, "start")
             report = probe.wait_ready(t, previous, bind=bind, port=port, declared={},
                                       settings=props.get("readiness") or {}, since=since, baseline=baseline,
-                                      progress=lambda m: _progress(_who(props) + m))
+                                      progress=lambda m: _progress(_who(props) + m, ephemeral=True))
         except ssh.RemoteError as exc:
             return False, f"{ROLLBACK_FAILED} nothing serves on {t.label}: {previous} could not be started again ({exc})."
         if report.status == R.READY:
@@ -664,34 +667,9 @@ class ServiceProvider(ResourceProvider):
                 else R.NOT_RUNNING}
 
     def check(self, olds, news):
-        self._preview_switch(olds, news)
+        # The restart line and the switch block (preview.py), said in the run the program says.
+        preview.before_change(olds, news)
         return CheckResult(news, [])
-
-    def _preview_switch(self, olds: dict, news: dict) -> None:
-        """Before a switch (this unit does not serve as declared, or is new), print what serves on
-        the host now, that it will stop, and how its flags and environment differ from this
-        declaration (status.switch_block). The engine calls `check` in the preview and again in
-        the update; a serving unit's no-op check reads nothing (olds say it serves as declared)."""
-        label = f"hosts[{news['hostEntry']}] switch" if news.get("hostEntry") else "switch"
-        try:
-            if not news.get("active", True) or not isinstance(news.get("execStart"), (list, str)):
-                return
-            if olds and olds.get("active", True) and olds.get("runningServer", R.AS_DECLARED) == R.AS_DECLARED:
-                return
-            connection = news.get("connection")
-            if not isinstance(connection, dict) or connection.get("unavailable"):
-                return
-            t = ssh.Target.from_props(news)
-            host = S.parse_serving(ssh.fetch(t, reads.serving(with_environ=True)).stdout)
-            lines = S.switch_block(label=label, target_unit=news["unit"], target_stack=str(news.get("stack") or news["unit"]),
-                                   declared_argv=_argv(news["execStart"]), declared_environment=news.get("environment") or {},
-                                   secret_keys=list(news.get("secretEnvironment") or {}), host=host,
-                                   ignore_variables=R.SYSTEMD_VARIABLES)
-            if lines:
-                _progress("\n".join(lines))
-        except Exception as exc:  # noqa: BLE001 - the preview goes on; the switch reads the host itself
-            _progress(f"{label}: could not read what serves now on the host ({type(exc).__name__}: "
-                      f"{ssh.redact(str(exc), _secrets(news))[:200]})")
 
     def create(self, props):
         # A unit that already runs exactly what is declared is taken over, not restarted: its
@@ -947,7 +925,7 @@ class ReadinessProvider(ResourceProvider):
             baseline = probe.unit_state(t, props["unit"])
             report = probe.wait_ready(t, props["unit"], bind=props["bind"], port=int(props["port"]),
                                       declared=props["declared"], settings=props.get("readiness") or {}, since=None,
-                                      baseline=baseline, progress=lambda m: _progress(_who(props) + m))
+                                      baseline=baseline, progress=lambda m: _progress(_who(props) + m, ephemeral=True))
         if report.status != R.READY:
             # Nothing here restarts a server (the service does, when its settings or its process
             # differ): say what is wrong rather than record a broken server as deployed.

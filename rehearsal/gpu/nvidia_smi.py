@@ -30,6 +30,11 @@ import os
 import sys
 import time
 
+try:  # beside this file (power, clocks, ECC, PCIe; degradations)
+    import nvidia_smi_fitness as fitness
+except ImportError:  # a copy of this file alone: the views that need it say so (render_xml)
+    fitness = None
+
 DEFAULT_PROFILE = "/etc/rehearsal/gpu-profile.json"
 DEFAULT_STATE_DIR = "/run/rehearsal-gpu"
 
@@ -122,7 +127,7 @@ def load_profile(path: str) -> dict:
     for key in ("driver_version", "cuda_version", "gpus"):
         if key not in profile:
             raise ProfileError(f"rehearsal nvidia-smi: profile {path} lacks '{key}'")
-    defaults = {**GPU_DEFAULTS, **profile.get("gpu_defaults", {})}
+    defaults = {**GPU_DEFAULTS, **(fitness.FITNESS_DEFAULTS if fitness else {}), **profile.get("gpu_defaults", {})}
     gpus = []
     for position, entry in enumerate(profile["gpus"]):
         gpu = {**defaults, **entry}
@@ -133,8 +138,13 @@ def load_profile(path: str) -> dict:
                 raise ProfileError(f"rehearsal nvidia-smi: GPU {position} of {path} lacks '{key}'")
         if gpu["gsp_firmware_version"] is None:
             gpu["gsp_firmware_version"] = profile["driver_version"]
-        gpus.append(gpu)
+        gpus.append(fitness.derive(gpu) if fitness else gpu)
     profile["gpus"] = gpus
+    if fitness:
+        try:
+            profile["gpus"] = fitness.apply_degradations(gpus, fitness.degrade_path())
+        except fitness.DegradeError as exc:
+            raise ProfileError(f"rehearsal nvidia-smi: {exc}")
     return profile
 
 
@@ -328,7 +338,6 @@ QUERY_GPU_FIELDS = {
     "power.draw.instant": ("W", _num("W"), lambda g, c: _watts(g["power_draw_w"])),
     "power.limit": ("W", _num("W"), lambda g, c: _watts(g["power_limit_w"])),
     "enforced.power.limit": ("W", _num("W"), lambda g, c: _watts(g["power_limit_w"])),
-    "power.default_limit": ("W", _num("W"), lambda g, c: _watts(g["power_limit_w"])),
     "power.min_limit": ("W", _num("W"), lambda g, c: _watts(g["power_min_limit_w"])),
     "power.max_limit": ("W", _num("W"), lambda g, c: _watts(g["power_max_limit_w"])),
     "clocks.current.graphics": ("MHz", _num("MHz"), lambda g, c: g["clocks_graphics_mhz"]),
@@ -340,7 +349,9 @@ QUERY_GPU_FIELDS = {
     "clocks.max.memory": ("MHz", _num("MHz"), lambda g, c: g["clocks_max_mem_mhz"]),
 }
 # Aliases the real tool accepts; its header shows the canonical name.
+QUERY_GPU_FIELDS.update(fitness.QUERY_GPU_FIELDS if fitness else {})
 QUERY_GPU_ALIASES = {
+    **(fitness.QUERY_GPU_ALIASES if fitness else {}),
     "gpu_name": "name", "gpu_serial": "serial", "gpu_uuid": "uuid", "gpu_bus_id": "pci.bus_id",
     "clocks.gr": "clocks.current.graphics", "clocks.sm": "clocks.current.sm",
     "clocks.mem": "clocks.current.memory", "clocks.video": "clocks.current.video",
@@ -471,6 +482,9 @@ def render_xml(profile: dict, used: dict[int, int], processes: list[dict], now: 
         time.strftime("%a %b %e %H:%M:%S %Y", time.localtime(now)), profile["driver_version"],
         profile["cuda_version"], len(profile["gpus"]))
     template = _xml_gpu_template()
+    if fitness is None:
+        raise StandInError(f"rehearsal nvidia-smi: cannot import nvidia_smi_fitness.py: keep it in the same directory "
+                           f"as {os.path.realpath(__file__)}")
     body = ""
     for gpu in profile["gpus"]:
         total, reserved, mem_used, free = memory(gpu, used.get(gpu["index"], 0))
@@ -491,6 +505,7 @@ def render_xml(profile: dict, used: dict[int, int], processes: list[dict], now: 
             module_id=gpu.get("module_id", "N/A"), name=_xml_escape(gpu["name"]),
             memory_power="N/A" if gpu["memory_power_draw_w"] is None
             else "%.2f W" % float(gpu["memory_power_draw_w"]),
+            **fitness.xml_values(gpu),
         )
         body += template.format(**values)
         body += _xml_clocks(gpu)

@@ -66,6 +66,13 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
         assert record["completed"] == 5 * c and record["max_concurrency"] == c
         assert record["median_ttft_ms"] > 0 and record["median_itl_ms"] > 0
 
+    # The run recorded the host's fitness as its baseline: the profile's 8 GPUs, nothing degraded.
+    from components.core import fitness as FIT
+    from components.core import fitness_baseline as FB
+    baseline = FIT.HostFitness.from_dict(tp_meta["fitness"])
+    assert len(baseline.gpus) == 8 and baseline.problems == () and FIT.degradations(baseline) == []
+    assert baseline.gpus[0].power_limit_w == 600.0 and baseline.driver_version
+
     d.stack("pp8").up(on_output=print)
     # Issue 36.19: the workload from the flags, over the stack's settings (changed here to
     # another one): the run measures the flags' levels and lengths, and records them.
@@ -75,6 +82,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
                       "--input-len", str(BENCH["inputLen"]), "--output-len", str(BENCH["outputLen"]))
     assert done.returncode == 0, done.stdout + done.stderr
     pp_meta, pp = results(d, "pp8")
+    assert FB.compare(tp_meta["fitness"], pp_meta["fitness"]) == []  # the same machine: comparable
     assert (pp_meta["settings"]["concurrency"], pp_meta["settings"]["inputLen"], pp_meta["settings"]["outputLen"]) == \
         (BENCH["concurrency"], BENCH["inputLen"], BENCH["outputLen"])
     assert all((r["random_input_len"], r["random_output_len"]) == (BENCH["inputLen"], BENCH["outputLen"]) for r in pp.values())

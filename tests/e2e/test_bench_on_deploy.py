@@ -29,7 +29,7 @@ def test_up_benchmarks_after_readiness_once(deployment):
 
     up = stack.up(on_output=print)
     out = up.outputs["benchmark"].value
-    assert up.outputs["readiness"].value["status"] == "ready"
+    assert up.outputs["readiness"].value["status_when_checked"] == "ready"
     assert out["status"] == "done", out
     assert out["rehearsal"] is True and "not a GPU measurement" in out["note"]
     assert out["sglang_version"].startswith("0.5.") and "rehearsal" in out["server_version"]

@@ -20,7 +20,7 @@ def test_up_tp8_is_ready(deployment):
     d = deployment
     result = d.stack("tp8").up(on_output=print)
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready", r
+    assert r["status_when_checked"] == "ready", r
     assert r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == 1
     assert "rehearsal" in r["version"]
     assert is_active(d, "tp8") == "active"
@@ -45,7 +45,7 @@ def test_up_ep8_switches(deployment):
     d = deployment
     result = d.stack("ep8").up(on_output=print)
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == 8
+    assert r["status_when_checked"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == 8
     assert is_active(d, "ep8") == "active"
     assert is_active(d, "tp8") == "inactive"
     # The sibling's stop finished before ep8 started (After= beside Conflicts=): no crash on a
@@ -75,7 +75,7 @@ def test_stopped_unit_is_drift_and_restarted(deployment):
         d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True)
     assert "service" in str(info.value)
     result = d.stack("ep8").up(refresh=True, on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     assert is_active(d, "ep8") == "active"
 
 
@@ -147,7 +147,7 @@ def test_a_drop_in_is_drift_and_the_up_removes_it_instead_of_restarting_into_it_
     text = "\n".join(lines) + str(info.value)
     assert "dropIns" in text and drop_in in text and "SGLANG_ENABLE_TORCH_COMPILE=1 set, not declared" in text, text[-3000:]
     result = d.stack("ep8").up(refresh=True, on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     assert d.sh(f"test -e {drop_in} && echo kept || echo gone").strip() == "gone"
     assert "SGLANG_ENABLE_TORCH_COMPILE" not in _environ(d, unit)
     d.stack("ep8").preview(refresh=True, expect_no_changes=True)  # converged: nothing left to restart

@@ -40,7 +40,7 @@ def test_up_deploys_every_host_in_one_run_and_reports_each(fleet):
     readiness = result.outputs["readiness"].value
     assert set(readiness) == {"gpu1", "gpu2"}
     for name, host in fleet.hosts.items():
-        assert readiness[name]["status"] == "ready", readiness[name]
+        assert readiness[name]["status_when_checked"] == "ready", readiness[name]
         assert readiness[name]["layout"]["tp_size"] == 8
         assert active(host, "tp8") == "active"
         assert result.outputs["endpoint"].value[name] == f"http://{host.address}:30001"
@@ -126,7 +126,7 @@ def test_a_host_removed_from_the_fleet_is_stopped_there_and_can_be_listed_again(
     finally:
         fleet_of(["gpu1", "gpu2"])
     result = stack.up(on_output=print)
-    assert result.outputs["readiness"].value["gpu2"]["status"] == "ready"
+    assert result.outputs["readiness"].value["gpu2"]["status_when_checked"] == "ready"
     assert active(gpu2, "ep8") == "active"
 
 
@@ -150,7 +150,7 @@ def test_a_fleet_entry_renamed_keeps_its_machine_serving(fleet):
     try:
         lines: list[str] = []
         result = stack.up(on_output=lines.append)
-        assert result.outputs["readiness"].value["b2"]["status"] == "ready"
+        assert result.outputs["readiness"].value["b2"]["status_when_checked"] == "ready"
         assert "is declared under another name on the same machine now" in "\n".join(lines), "\n".join(lines)[-4000:]
         assert active(gpu2, "ep8") == "active" and gpu2.run(f"test -e {path}").returncode == 0
         assert gpu2.run(pid).stdout.strip() == before
@@ -158,7 +158,7 @@ def test_a_fleet_entry_renamed_keeps_its_machine_serving(fleet):
     finally:
         named("gpu2")
     result = stack.up(on_output=print)
-    assert result.outputs["readiness"].value["gpu2"]["status"] == "ready"
+    assert result.outputs["readiness"].value["gpu2"]["status_when_checked"] == "ready"
     assert active(gpu2, "ep8") == "active" and gpu2.run(f"test -e {path}").returncode == 0
     assert gpu2.run(pid).stdout.strip() == before
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
@@ -183,7 +183,7 @@ def test_a_one_host_stack_turned_into_a_fleet_of_its_machine_keeps_serving(fleet
         config["gpu-serving:host"] = {"value": {**config["gpu-serving:host"]["value"], "rehearsal": gpu1.name}}
     fleet.edit_project(one_host)
     stack = fleet.stack("tp8")
-    assert stack.up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert stack.up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     before = gpu1.run(pid).stdout.strip()
 
     def a_fleet(config):
@@ -191,7 +191,7 @@ def test_a_one_host_stack_turned_into_a_fleet_of_its_machine_keeps_serving(fleet
     fleet.edit_project(a_fleet)
     lines: list[str] = []
     result = stack.up(on_output=lines.append)
-    assert result.outputs["readiness"].value["gpu1"]["status"] == "ready"
+    assert result.outputs["readiness"].value["gpu1"]["status_when_checked"] == "ready"
     assert "already runs as declared: taken over, not restarted" in "\n".join(lines), "\n".join(lines)[-4000:]
     assert active(gpu1, "tp8") == "active" and gpu1.run(pid).stdout.strip() == before
     assert gpu1.run("test -e /etc/systemd/system/" + UNIT.format("tp8")).returncode == 0
@@ -201,7 +201,7 @@ def test_a_one_host_stack_turned_into_a_fleet_of_its_machine_keeps_serving(fleet
     fleet.edit_project(one_host)
     lines.clear()
     result = stack.up(on_output=lines.append)
-    assert result.outputs["readiness"].value["status"] == "ready", "\n".join(lines)[-4000:]
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready", "\n".join(lines)[-4000:]
     assert active(gpu1, "tp8") == "active" and gpu1.run(pid).stdout.strip() == before, "\n".join(lines)[-4000:]
     assert gpu1.run("test -e /etc/systemd/system/" + UNIT.format("tp8")).returncode == 0
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)

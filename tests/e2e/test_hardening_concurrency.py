@@ -30,7 +30,7 @@ def d(tmp_path_factory, rehearsal_host_factory):
     d = make_deployment(tmp_path_factory.mktemp("hardening-concurrency"), host)
     d.edit_project(lambda c: c["gpu-serving:serving"]["value"]["environment"].update(REHEARSAL_LOAD_SECONDS=LOAD_SECONDS))
     result = d.stack("pp8").up()
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     return d
 
 
@@ -62,7 +62,7 @@ def test_two_switches_at_once_are_serialised_by_the_host_lock(d):
     assert finished, results
     # Exactly one strategy serves at the end: the one whose switch finished last.
     assert serving_one(d) == finished[-1], (states(d), finished)
-    assert results[finished[-1]][1]["status"] == "ready"
+    assert results[finished[-1]][1]["status_when_checked"] == "ready"
     waited = [name for name, lines in outputs.items() if any("waiting for the gpu-serving lock" in x for x in lines)]
     assert len(waited) == 1, waited
     # On the host: the second unit started only after the first one served.

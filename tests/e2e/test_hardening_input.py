@@ -62,7 +62,7 @@ def deployed(tmp_path_factory, rehearsal_host_factory):
     H.install_command_log(host)
     d = make_deployment(tmp_path_factory.mktemp("hardening-input"), host)
     result = d.stack("tp8").up()
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     return d
 
 
@@ -398,7 +398,7 @@ def test_port_held_by_a_foreign_process_is_refused_before_the_serving_strategy_s
     finally:
         d.sh("systemctl stop foreign-http.service")
     result = d.stack("alt").up()
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     states = d.sh(f"systemctl is-active {TP8} sglang-kimi-k2.6-alt.service; "
                   f"systemctl is-enabled {TP8} sglang-kimi-k2.6-alt.service").split()
     assert states == ["inactive", "active", "disabled", "enabled"], states

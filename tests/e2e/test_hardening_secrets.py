@@ -101,7 +101,7 @@ def capture(s: Secrets, name: str, op, *, fails: bool = False, **kwargs):
 def test_up_preview_and_a_failed_up_with_secrets(real):
     s, d = real, real.d
     result = capture(s, "up tp8", d.stack("tp8").up)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     capture(s, "preview tp8 --diff", d.stack("tp8").preview, diff=True)
     capture(s, "preview tp8 --refresh --expect-no-changes", d.stack("tp8").preview, refresh=True,
             expect_no_changes=True, diff=True)

@@ -82,7 +82,7 @@ def declare_key(d, key: str) -> None:
 def test_reinstalled_host_stops_the_run_naming_both_keys_then_its_new_key_converges(reinstalled, tmp_path):
     d, host = reinstalled, reinstalled.host
     stack = d.stack("tp8")
-    assert stack.up(on_output=print).outputs["readiness"].value["gpu2"]["status"] == "ready"
+    assert stack.up(on_output=print).outputs["readiness"].value["gpu2"]["status_when_checked"] == "ready"
     pid = main_pid(host)
     old = host.host_public_key
     out = H.nsenter(host, "sh", "-c", ROTATE)
@@ -123,7 +123,7 @@ def test_reinstalled_host_stops_the_run_naming_both_keys_then_its_new_key_conver
     result = stack.up(on_output=lines.append)
     output = "\n".join(lines)
     assert f"hosts[gpu2] (root@{host.address}:22): connecting with the declared key, {ssh.key_fingerprint(new)}" in output, output[-3000:]
-    assert result.outputs["readiness"].value["gpu2"]["status"] == "ready"
+    assert result.outputs["readiness"].value["gpu2"]["status_when_checked"] == "ready"
     assert main_pid(host) == pid  # a new key is no reason to restart the server
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
 
@@ -159,7 +159,7 @@ def test_fleet_with_one_rehearsal_host_rebuilt_recovers_in_one_up(fleet):
 
     result = stack.up(on_output=print)
     readiness = result.outputs["readiness"].value
-    assert readiness["gpu1"]["status"] == "ready" and readiness["gpu2"]["status"] == "ready", readiness
+    assert readiness["gpu1"]["status_when_checked"] == "ready" and readiness["gpu2"]["status_when_checked"] == "ready", readiness
     assert main_pid(rebuilt) not in ("", "0")
     assert main_pid(gpu1) == pid1
     stack.preview(refresh=True, expect_no_changes=True, on_output=print)
@@ -192,7 +192,7 @@ def test_a_stack_pointed_at_another_machine_moves_there_and_leaves_nothing_servi
     d, (a, b) = two_machines, two_machines.machines
     stack = d.stack("tp8")
     d.point_at(a)
-    assert stack.up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert stack.up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     pid = main_pid(a)
 
     d.point_at(b)
@@ -206,7 +206,7 @@ def test_a_stack_pointed_at_another_machine_moves_there_and_leaves_nothing_servi
     assert main_pid(a) == pid  # a preview changes nothing
 
     result = stack.up(on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     assert result.outputs["endpoint"].value == f"http://{b.address}:30001"
     on_b = H.nsenter(b, "sh", "-c", f"systemctl is-active {UNIT}; systemctl is-enabled {UNIT}").stdout.split()
     assert on_b == ["active", "enabled"], on_b
@@ -238,7 +238,7 @@ def test_a_stack_moves_off_a_machine_that_does_not_answer_saying_what_it_leaves_
         print(output)
         assert f"(root@{b.address}:22) does not answer" in output and f"it now names {a.address}" in output
         assert f"warning: {UNIT} is left on {b.address}, which does not answer" in output
-        assert result.outputs["readiness"].value["status"] == "ready"
+        assert result.outputs["readiness"].value["status_when_checked"] == "ready"
         on_a = H.nsenter(a, "sh", "-c", f"systemctl is-active {UNIT}; systemctl is-enabled {UNIT}").stdout.split()
         assert on_a == ["active", "enabled"], on_a
         stack.preview(refresh=True, expect_no_changes=True, on_output=print)

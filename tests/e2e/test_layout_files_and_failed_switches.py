@@ -52,7 +52,7 @@ def no_changes(d, stack: str) -> None:
 
 def test_adding_and_removing_a_layout_file_never_restarts_the_serving_model(deployment):
     d = deployment
-    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     pid, unit_text = main_pid(d, "tp8"), d.sh(f"cat /etc/systemd/system/{UNIT.format('tp8')}")
     assert "Conflicts=" not in unit_text and "X-GpuServing-Stack=tp8" in unit_text
     d.write_stack_file("tp4pp2", {"tpSize": 4, "ppSize": 2})
@@ -86,7 +86,7 @@ def test_a_switch_still_stops_the_serving_strategy_and_only_one_is_enabled(deplo
     record = HostRecord(d.host)
     since = float(d.sh("date +%s.%N"))
     result = d.stack("ep8").up(on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     assert running_and_enabled(d, ["tp8", "ep8"]) == (["ep8"], ["ep8"])
     # The stop of tp8 finished before ep8 started (no crash on a port still held).
     assert d.sh(f"systemctl show -p NRestarts --value {UNIT.format('ep8')}").strip() == "0"
@@ -171,7 +171,7 @@ def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
         assert not generates(d)
         # The outputs say so too: the failed start's verdict and the failed rollback, as of this run.
         readiness = d.stack("crash").outputs()["readiness"].value
-        assert readiness["status"] == "crashed_during_load", readiness
+        assert readiness["status_when_checked"] == "crashed_during_load", readiness
         assert readiness["rollback"].startswith("rollback failed: nothing serves on root@"), readiness
         assert UNIT.format("ep8") in readiness["rollback"], readiness
         assert readiness["checked_by"].startswith("up: the switch started the unit"), readiness
@@ -182,6 +182,6 @@ def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
     finally:
         d.sh(f"umount {MODEL}")
     result = d.stack("ep8").up(refresh=True, on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     assert result.outputs["readiness"].value["rollback"] is None
     assert generates(d)

@@ -96,7 +96,7 @@ def test_tp16_across_two_nodes_is_ready_with_the_world_confirmed_on_rank_0(nodes
     node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
     result = nodes.stack("tp16x2").up(on_output=print)
     readiness = result.outputs["readiness"].value
-    assert readiness["status"] == "ready", readiness
+    assert readiness["status_when_checked"] == "ready", readiness
     # Judged on rank 0's host (its probe asks the server there); the endpoint is rank 0's address.
     assert readiness["layout"]["tp_size"] == 16 and readiness["url"] == "http://127.0.0.1:30001", readiness
     assert result.outputs["endpoint"].value == f"http://{node0.address}:30001"
@@ -186,7 +186,7 @@ def test_switching_out_of_the_multi_node_layout_serves_single_node_on_every_node
     node0, node1 = nodes.hosts["node0"], nodes.hosts["node1"]
     result = nodes.stack("tp8").up(on_output=print)
     readiness = result.outputs["readiness"].value  # a fleet: one report per host entry
-    assert {n: r["status"] for n, r in readiness.items()} == {"node0": "ready", "node1": "ready"}, readiness
+    assert {n: r["status_when_checked"] for n, r in readiness.items()} == {"node0": "ready", "node1": "ready"}, readiness
     for host in (node0, node1):
         assert active(host, "tp8") == "active" and active(host, "tp16x2") != "active"
         assert enabled(host, "tp8") == "enabled" and enabled(host, "tp16x2") != "enabled"
@@ -194,7 +194,7 @@ def test_switching_out_of_the_multi_node_layout_serves_single_node_on_every_node
         assert (info["tp_size"], info.get("nnodes", 1)) == (8, 1), info
     # And back again: the multi-node layout comes up on both nodes from the single-node one.
     again = nodes.stack("tp16x2").up(on_output=print).outputs["readiness"].value
-    assert again["status"] == "ready" and again["layout"]["tp_size"] == 16, again
+    assert again["status_when_checked"] == "ready" and again["layout"]["tp_size"] == 16, again
     for host in (node0, node1):
         assert active(host, "tp16x2") == "active" and active(host, "tp8") == "inactive"
         assert enabled(host, "tp16x2") == "enabled" and enabled(host, "tp8") != "enabled"

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 def serving(deployment):
     """tp8 deployed and ready: the strategy every failed switch must fall back to."""
     result = deployment.stack("tp8").up()
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     return deployment
 
 
@@ -61,4 +61,4 @@ def test_server_that_died_since_up_is_drift(serving):
         d.stack("tp8").preview(refresh=True, expect_no_changes=True, diff=True)
     assert "readiness" in str(info.value) or "service" in str(info.value)
     result = d.stack("tp8").up(refresh=True)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"

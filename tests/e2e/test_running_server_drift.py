@@ -57,7 +57,7 @@ def check_is_clean(d, stack: str) -> None:
 def serving(deployment):
     """tp8 deployed and ready, the drift check clean."""
     result = deployment.stack("tp8").up()
-    assert result.outputs["readiness"].value["status"] == "ready"
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     return deployment
 
 
@@ -72,11 +72,35 @@ def test_hand_edited_flag_and_environment_after_restart_is_drift_naming_the_runn
     assert "an up restarts it" in text
 
 
+# What the preview says before an `up` reloads the serving model to repair it (issue 36.3).
+RESTART_LINE = ("will RESTART (model reload): the running server was started from other settings: "
+                "--max-running-requests 128 (declared 64); NCCL_ALGO=Tree (declared Ring)")
+
+
+def test_the_preview_of_up_refresh_says_the_drift_repair_restarts_the_model(serving):
+    """Issue 36.3: `pulumi up --refresh`'s preview showed only `service update [diff:
+    ~runningServer]`, and "restarting" came once the update ran: for a 590 GB model a long outage
+    approved blind. Its preview says which unit on which host restarts, and why."""
+    d = serving
+    before = main_pid(d, TP8)
+    # The preview `pulumi up --refresh` shows before it asks (the engine's `up` has no preview-only flag).
+    done = subprocess.run([str(bin_dir(d.env) / "pulumi"), "preview", "--refresh", "--stack", "tp8"],
+                          cwd=d.project, env=d.env, capture_output=True, text=True, timeout=600)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-4000:]
+    said = [line.strip() for line in text.splitlines() if RESTART_LINE in line]
+    assert said and said[-1] == f"restart: {TP8} on root@{d.host.address}:{d.host.port} {RESTART_LINE}", text[-4000:]
+    assert main_pid(d, TP8) == before  # a preview restarts nothing
+
+
 def test_up_after_the_hand_edit_runs_the_declared_flags_and_environment(serving):
     d = serving
     before = main_pid(d, TP8)
-    result = d.stack("tp8").up(refresh=True, on_output=print)
-    assert result.outputs["readiness"].value["status"] == "ready"
+    lines: list[str] = []
+    result = d.stack("tp8").up(refresh=True, on_output=lines.append)
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
+    # An up without a preview of its own (the Automation API's: --skip-preview) says it itself.
+    assert any(RESTART_LINE in line for line in lines), "\n".join(lines)[-4000:]
     assert main_pid(d, TP8) != before  # restarted, not only the files rewritten
     argv, env = running_argv(d, TP8), running_environment(d, TP8)
     assert flag(argv, "--max-running-requests") == "64"
@@ -103,7 +127,7 @@ def test_hand_changed_layout_is_repaired_by_one_up(serving):
     assert "pp_size declared 1 running 2" in text
     result = d.stack("tp8").up(on_output=print)  # refresh: always (Pulumi.yaml)
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["pp_size"] == 1, r
+    assert r["status_when_checked"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["pp_size"] == 1, r
     argv = running_argv(d, TP8)
     assert (flag(argv, "--tp-size"), flag(argv, "--pp-size")) == ("8", "1")
     check_is_clean(d, "tp8")
@@ -126,7 +150,7 @@ def test_after_kill_9_one_up_converges_and_the_check_is_clean(serving):
     d.sh(f"kill -9 {main_pid(d, TP8)}")
     result = d.stack("tp8").up(on_output=print)
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready", r
+    assert r["status_when_checked"] == "ready", r
     assert d.sh(f"systemctl is-active {TP8}").strip() == "active"
     check_is_clean(d, "tp8")
 
@@ -145,8 +169,8 @@ def test_status_after_an_interrupted_switch_says_a_reboot_would_start_the_old_st
     serving_settings["environmentDir"] = "/etc/gpu-serving/ep8"
     d.write_stack_file("ep8", {"tpSize": 8, "epSize": 8}, {"gpu-serving:serving": serving_settings,
                                                            "gpu-serving:readiness": FAST_READINESS})
-    assert d.stack("ep8").up().outputs["readiness"].value["status"] == "ready"
-    assert d.stack("tp8").up().outputs["readiness"].value["status"] == "ready"
+    assert d.stack("ep8").up().outputs["readiness"].value["status_when_checked"] == "ready"
+    assert d.stack("tp8").up().outputs["readiness"].value["status_when_checked"] == "ready"
     run = subprocess.Popen([str(bin_dir(d.env) / "pulumi"), "up", "--stack", "ep8", "--yes", "--skip-preview"],
                            cwd=d.project, env=d.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            start_new_session=True)
@@ -190,7 +214,7 @@ def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(ser
     assert d.stack("ep8").export_stack().deployment.get("pending_operations"), "no pending operation to clear"
     result = d.stack("ep8").up(on_output=print)
     r = result.outputs["readiness"].value
-    assert r["status"] == "ready" and r["layout"]["ep_size"] == 8, r
+    assert r["status_when_checked"] == "ready" and r["layout"]["ep_size"] == 8, r
     assert d.sh(f"systemctl is-enabled {EP8}").strip() == "enabled"
     assert d.sh(f"systemctl is-enabled {TP8} || true").strip() != "enabled"
     check_is_clean(d, "ep8")
@@ -210,7 +234,7 @@ def test_an_environment_key_on_and_a_value_off_deploy_with_no_drift_in_status(se
     path.write_text(text.replace("config:\n", 'config:\n  gpu-serving:serving:\n    environment:\n'
                                  '      on: "1"\n      SWITCH: off\n', 1))
     try:
-        assert d.stack("tp8").up().outputs["readiness"].value["status"] == "ready"
+        assert d.stack("tp8").up().outputs["readiness"].value["status_when_checked"] == "ready"
         env = running_environment(d, TP8)
         assert env.get("on") == "1" and env.get("SWITCH") == "off", env
         planned = d.components("plan", "--stack", "tp8", "--json")

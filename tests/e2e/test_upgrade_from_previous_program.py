@@ -181,7 +181,7 @@ def test_up_replaces_nothing_and_keeps_the_server_running(upgrade):
     steps = Steps()
     result = new.stack("tp8").up(on_output=print, on_event=steps)
     assert not steps.with_op(*DESTRUCTIVE, "update"), steps.with_op(*DESTRUCTIVE, "update")
-    assert result.outputs["readiness"].value["status"] == "ready", result.outputs["readiness"].value
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready", result.outputs["readiness"].value
     assert new.sh(probe) == before  # same server process, no restart, files untouched
     # The up moved every resource to its own type token (the alias found it under the old one).
     assert dynamic_types(new.stack("tp8")) == {n: DYNAMIC + t for n, t in TOKENS.items()}

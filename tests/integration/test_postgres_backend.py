@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.postgres_support import PostgresServer, free_port
-from tests.pulumi_env import REPO, EngineMissing, engine_env, require_engine, settings_only_stack_files
+from tests.pulumi_env import REPO, EngineMissing, committed_stack_files, engine_env, require_engine
 
 pytestmark = pytest.mark.engine
 
@@ -69,11 +69,15 @@ def readme_teams() -> str:
     return text[text.index("\n## Teams"):][1:].split("\n## ", 1)[0]
 
 
-def test_the_readme_team_setup_runs_as_written(server, tmp_path):
-    """The operator's block of README: Teams, in a copy of the checkout, against the test server
-    (its address for db.example.internal:5432; it has no TLS, so sslmode=disable), with the
-    password in ~/.pgpass as the README describes it. The database side of the README (createuser
-    --pwprompt, createdb --owner) is how tests/postgres_support.py made this server's role."""
+def test_the_readme_team_setup_runs_as_written_on_a_clone_with_a_team_passphrase(server, tmp_path):
+    """The operator's block of README: Teams, in a copy of the checkout with its stack files as a
+    clone gets them (committed: an `encryptionsalt` committed with them is what a team member
+    meets), against the test server (its address for db.example.internal:5432; it has no TLS, so
+    sslmode=disable), with the password in ~/.pgpass and a team passphrase that is not
+    scripts/env.sh's default, as the README describes it. The database side of the README
+    (createuser --pwprompt, createdb --owner) is how tests/postgres_support.py made this server's
+    role. Issue 36.11: the committed Pulumi.ep8.yaml and Pulumi.tp8.yaml carried salts made with
+    the default passphrase, so this flow stopped at `incorrect passphrase` (the test stripped them)."""
     section = readme_teams()
     block = re.findall(r"```bash\n(.*?)```", section, re.S)[1]
     passfile_line = re.search(r"one line\s+`([^`]+)`", section).group(1)
@@ -89,7 +93,7 @@ def test_the_readme_team_setup_runs_as_written(server, tmp_path):
     shutil.copytree(REPO, checkout, symlinks=True,
                     ignore=shutil.ignore_patterns(".git", ".venv", ".pulumi-state", "__pycache__", ".pytest_cache", "tests"))
     (checkout / ".venv").symlink_to(REPO / ".venv")
-    settings_only_stack_files(checkout)
+    stacks = committed_stack_files(checkout)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "PULUMI_HOME": str(tmp_path / "pulumi-home")}
     if "GPU_SERVING_CACHE" in os.environ:
         env["GPU_SERVING_CACHE"] = os.environ["GPU_SERVING_CACHE"]
@@ -100,3 +104,10 @@ def test_the_readme_team_setup_runs_as_written(server, tmp_path):
     assert server.password not in out.stdout + out.stderr
     assert "pulumi_state/.pulumi/stacks/gpu-serving/ep8.json" in server.state_keys()
     assert "encryptionsalt:" in (checkout / "Pulumi.ep8.yaml").read_text()  # the line the README says to commit
+    # Every other committed stack file too: a team member creates each stack with the team's
+    # passphrase (a salt committed with another passphrase would stop it the same way).
+    for stack in [s for s in stacks if s != "ep8"]:
+        created = subprocess.run(["bash", "--noprofile", "--norc", "-euo", "pipefail", "-c",
+                                  block.split("source scripts/env.sh")[0] + f"source scripts/env.sh\npulumi stack init {stack}\n"],
+                                 cwd=checkout, env=env, capture_output=True, text=True, timeout=180)
+        assert created.returncode == 0, (stack, created.stdout + created.stderr)

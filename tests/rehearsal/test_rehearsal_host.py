@@ -154,6 +154,34 @@ def test_model_stand_in_is_mounted_read_only(rehearsal_host):
     assert proc.returncode != 0 and "Read-only file system" in proc.stderr
 
 
+def test_the_model_directory_is_a_checkpoint_the_host_scripts_read_with_its_own_python3(rehearsal_host):
+    """/models/<model> holds the stand-in checkpoint (rehearsal/checkpoint.py), and the weights
+    scripts (components/core/weights_host.py) run on the host's own python3 (Debian's), as the
+    provider will run them: the cheap read finds it complete, the verifier's sums are this
+    machine's sums of the same files."""
+    import hashlib
+    import shlex
+
+    from components.core import weights as W
+    from components.core import weights_host as WH
+    from rehearsal.checkpoint import standin
+
+    def remote(request: dict) -> subprocess.CompletedProcess:
+        return rehearsal_host.run(shlex.join(request["argv"]), timeout=request["timeout"])
+
+    read = remote(WH.read_checkpoint("/models/kimi-k2.6"))
+    assert read.returncode == 0, read.stderr
+    r = W.parse_read(read.stdout)
+    assert r.index_shards and W.check_copy(r) == []
+    local = standin("kimi-k2.6")
+    assert set(r.files) == {p.name for p in local.iterdir()}
+    proc = remote(WH.verify_checkpoint("/models/kimi-k2.6", sorted(r.files), every=0))
+    assert proc.returncode == 0, proc.stderr
+    sums = {a["path"]: a["sha256"] for a in map(json.loads, proc.stdout.splitlines()) if "sha256" in a}
+    assert sums == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in local.iterdir()}
+    assert WH.parse_progress(proc.stderr.splitlines()[-1])["files"] == len(sums)
+
+
 def test_up_is_idempotent(rehearsal_host):
     t0 = time.monotonic()
     again = host.up(rehearsal_host.name)
@@ -315,3 +343,39 @@ def test_booting_a_host_makes_room_for_the_next_ones(rehearsal_host_factory):
     finally:
         if int(limit.read_text()) < int(before):
             limit.write_text(before)
+
+
+def test_degrading_a_running_hosts_gpus(rehearsal_host):
+    """`python -m rehearsal degrade` changes what the host's nvidia-smi answers at once, as a real
+    machine degrades without a restart; the facts script reads it as a real host's; --clear undoes it."""
+    import shlex
+
+    from components.core import facts as F
+    from components.core import fitness as FIT
+    from rehearsal import degrade
+
+    def read_fitness():
+        answer = ok(rehearsal_host, "sh -c " + shlex.quote(F.FACTS_SCRIPT) + " sh /usr/local/cuda-13.0", timeout=120)
+        return F.parse_facts(answer).fitness.gpus
+
+    def fitness_on_host() -> list[list[str]]:
+        return [FIT.gpu_degradations(g) for g in read_fitness()]
+
+    name = rehearsal_host.name
+    try:
+        degrade.degrade(name, ["1"], {"power_cap_w": 450})
+        cli = subprocess.run([sys.executable, "-m", "rehearsal", "degrade", name, "--gpu", "3,5", "--pcie", "gen4x8"],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        with pytest.raises(host.RehearsalError, match="power_cap_w 9000 is outside the GPU's range 150-600 W"):
+            degrade.degrade(name, ["1"], {"power_cap_w": 9000})  # refused before the file changes
+        got = fitness_on_host()
+        assert got[1] == ["power capped at 450 W (default 600 W)"]
+        # The RTX profile's GPUs idle at P8, where a link's generation says nothing: its width does.
+        assert got[3] == got[5] == ["PCIe link x8 of x16"]
+        assert [(g.pcie_gen_current, g.pcie_width_current) for g in read_fitness()][2:6] == [(5, 16), (4, 8), (5, 16), (4, 8)]
+        assert [i for i, d in enumerate(got) if d] == [1, 3, 5]
+        assert ok(rehearsal_host, "cat /etc/rehearsal/gpu-degrade.json").count("gen4x8") == 2
+    finally:
+        degrade.clear(name)
+    assert all(d == [] for d in fitness_on_host())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.standins.helpers import ENGINE_SRC, MODELS, NVIDIA_SMI, PROFILES, Engine, free_port
+from tests.standins.helpers import ENGINE_SRC, NVIDIA_SMI, PROFILES, Engine, free_port, model_dir
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def launch(tmp_path, engine_env):
 
     def start(*flags, model="kimi-k2.6", python=sys.executable, env=None, port=None, with_port=True) -> Engine:
         port = port or free_port()
-        argv = [python, "-m", "sglang.launch_server", "--model-path", str(MODELS / model), *flags]
+        argv = [python, "-m", "sglang.launch_server", "--model-path", str(model_dir(model)), *flags]
         if with_port:
             argv += ["--port", str(port)]
         log_path = tmp_path / f"engine-{len(started)}.log"

@@ -26,6 +26,15 @@ EP8_FLAGS = ["--tp-size", "8", "--ep-size", "8", "--mem-fraction-static", "0.88"
              "--grammar-backend", "none", "--host", "127.0.0.1"]
 
 
+def model_dir(model: str) -> Path:
+    """What an engine loads: the model's stand-in checkpoint (rehearsal/checkpoint.py: the real
+    config.json, the index and small shards), as a rehearsal host mounts it at /models/<model>."""
+    if "/" in model:
+        return Path(model)  # a directory the test made (or did not), used as given
+    from rehearsal.checkpoint import standin
+    return standin(model)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -103,5 +112,5 @@ class Engine:
 
 def run_engine(env: dict, *flags, model="kimi-k2.6", timeout=30) -> subprocess.CompletedProcess:
     """Run an engine that is expected to exit on its own (a refused start)."""
-    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(MODELS / model), *flags]
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir(model)), *flags]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)

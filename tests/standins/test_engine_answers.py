@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from components.core import golden as G
-from tests.standins.helpers import EP8_FLAGS, MODELS
+from tests.standins.helpers import EP8_FLAGS, MODELS, model_dir
 
 LAYOUTS = {"tp8": ["--tp-size", "8"], "pp8": ["--pp-size", "8"], "ep8": EP8_FLAGS}
 
@@ -78,7 +78,7 @@ def test_the_golden_rule_holds_across_layouts_and_fails_other_weights_and_garbag
 
 
 def test_generate_returns_logprobs_in_sglangs_shape(launch, engine_env):
-    e = start(launch, engine_env, MODELS / "kimi-k2.6", LAYOUTS["tp8"])
+    e = start(launch, engine_env, model_dir("kimi-k2.6"), LAYOUTS["tp8"])
     prompt = "this is a rehearsal engine"  # words of the stand-in vocabulary
     status, full = e.post("/generate", {"text": prompt, "sampling_params": {"max_new_tokens": 4},
                                         "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 2,
@@ -110,7 +110,7 @@ def test_generate_returns_logprobs_in_sglangs_shape(launch, engine_env):
     ("wrong_tokens:attention_backend=flashinfer", ["--attention-backend", "triton"], False),
 ])
 def test_wrong_tokens_only_under_its_setting(launch, engine_env, fault, flags, garbled):
-    e = start(launch, engine_env, MODELS / "kimi-k2.6", LAYOUTS["tp8"] + flags, REHEARSAL_FAULT=fault)
+    e = start(launch, engine_env, model_dir("kimi-k2.6"), LAYOUTS["tp8"] + flags, REHEARSAL_FAULT=fault)
     assert e.get("/server_info")[1]["rehearsal"]["garbage"] is garbled
     assert ("this server answers garbage" in e.log) is garbled
     e.terminate()

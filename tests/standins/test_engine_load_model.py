@@ -33,9 +33,12 @@ def model_with_shard(root, size_mib: int):
     d = root / "ckpt"
     shutil.copytree(MODELS / "kimi-k2.6", d)
     shard = d / "model-00001-of-00001.safetensors"
-    header = b'{"w": {"dtype": "BF16", "shape": [1], "data_offsets": [0, 2]}}'
+    # A whole safetensors file (the engine checks each shard's header against its size).
+    n = size_mib * MiB
+    header = b'{"w": {"dtype": "U8", "shape": [%d], "data_offsets": [0, %d]}}' % (n, n)
+    header += b" " * (-len(header) % 8)
     with open(shard, "wb") as f:
-        f.write(len(header).to_bytes(8, "little") + header + os.urandom(size_mib * MiB))
+        f.write(len(header).to_bytes(8, "little") + header + os.urandom(n))
     return d, shard
 
 

@@ -30,6 +30,7 @@ import time
 from sglang.version import __version__
 from sglang._rehearsal import answers as answers_mod
 from sglang._rehearsal import args as cli
+from sglang._rehearsal import checkpoint
 from sglang._rehearsal import faults
 from sglang._rehearsal import gpus as gpu_mod
 from sglang._rehearsal import info
@@ -426,6 +427,7 @@ class Engine:
             oom = refusal  # real CUDA OOMs surface partway through loading
         load_seconds = loading.load_seconds(self)
         log.info(f"Load weight begin. avail mem={min(free) / GiB:.2f} GB", rank=True)
+        shards = checkpoint.check(args.model_path)  # every shard there and whole, or SGLang's failure
         if self.fault == "hang_during_load":
             self.wait(None)
         if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join") or oom:
@@ -438,6 +440,7 @@ class Engine:
             raise Refusal("load", "RuntimeError",
                           f"CUDA error: an illegal memory access was encountered (rehearsal fault {self.fault})")
         elapsed = loading.load_weights(self)
+        log.info(checkpoint.progress_line(shards), rank=True)
         _, pp_ranks = rules.node_ranks(args)
         # This node's GPUs hold its own pipeline stages only.
         weights = max(self.plan.weights_per_gpu[s] for s in pp_ranks)
