@@ -6,7 +6,9 @@
 ``python -m components advise --stack NAME [--concurrency 1,32,64] [--facts]``: rank layouts (estimates).
 ``python -m components bench --stack NAME``: SGLang's serving benchmark on the host, results in results/bench/.
 ``python -m components watch --stacks tp8,pp8,ep8 [--every 10m] [--once]``: the drift watch (status.json, a Prometheus file).
-``python -m components ledger [list|clear]``: the failed starts recorded, and why (the failure ledger)."""
+``python -m components ledger [list|clear]``: the failed starts recorded, and why (the failure ledger).
+``python -m components metrics --scrape-config``: a Prometheus scrape configuration and a target file per stack.
+``python -m components recommend --stack NAME``: the strategy the observed traffic calls for, with its numbers."""
 from __future__ import annotations
 
 import argparse
@@ -18,6 +20,8 @@ from pathlib import Path
 from . import compare
 from . import advise_cli
 from . import ledger_cli
+from . import metrics_cli
+from . import recommend_cli
 from . import watch
 from .core.config import parse_settings
 from .core.errors import ConfigError
@@ -174,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     advise_cli.add_parser(sub)
     watch.add_parser(sub)
     ledger_cli.add_parser(sub)
+    metrics_cli.add_parser(sub)
+    recommend_cli.add_parser(sub)
     args = parser.parse_args(argv)
 
     if args.command == "bench":
@@ -191,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         return advise_cli.run(args)
     if args.command == "ledger":
         return ledger_cli.run(args)
+    if args.command == "metrics":
+        return metrics_cli.run(args)
+    if args.command == "recommend":
+        return recommend_cli.run(args)
     if args.command in ("rehearsal-hosts", "real-hosts"):
         try:
             settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))

@@ -27,6 +27,11 @@ class GpuHostArgs:
     setting: str = ""
 
 
+def not_running(rehearsal: str, entry: str = "gpu-serving:host") -> str:
+    return (f"the rehearsal host {rehearsal!r} is not running: start it with `python -m rehearsal up {rehearsal}` "
+            f"(or set {entry}.address)")
+
+
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]]:
     """(the secret connection object the providers use, the host's address, the same object as
     a plain dict when the program knows it now: None while the key is only an Output)."""
@@ -42,10 +47,10 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]
     if h.is_rehearsal:
         info = rehearsal_info(h.rehearsal)
         if info is None:
-            # Preview still works without the host; `up` stops with this sentence.
+            # One host: preview still works without it, and `up` stops with this sentence. A fleet's
+            # or a multi-node stack's run stops before anything changes (fleet_check.py).
             conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
-                    "unavailable": f"the rehearsal host {h.rehearsal!r} is not running: start it with "
-                                   f"`python -m rehearsal up {h.rehearsal}` (or set gpu-serving:host.address)", **shared}
+                    "unavailable": not_running(h.rehearsal, entry), **shared}
             return pulumi.Output.secret(conn), conn["host"], None
         key = Path(info["private_key"]).read_text()
         conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),

@@ -10,14 +10,17 @@ from pulumi.runtime import config as runtime_config
 
 from .benchmark import benchmark_after_ready
 from .core import outputs as O
+from .core import roll as roll_plan
 from .core import router as R
 from .core.config import StackSettings
 from .core.errors import ConfigError
 from .core.plan import ServingPlan, check_stack
 from .core.reads import refresh_reads
 from .core.stack_config import RawConfig, from_engine
+from .core.unit import routed_by
 from .cuda import CudaToolkit
-from . import gpu_host, pulumi_sdk, serving_unit
+from .fleet_check import FleetCheck, check_fleet
+from . import fleet_check, gpu_host, pulumi_sdk, serving_unit
 from .gpu_host import GpuHost, GpuHostArgs
 from .multinode import MultiNodeServing
 from .provider_start import read_ahead
@@ -63,10 +66,12 @@ def make_host(name: str, plan: ServingPlan, private_key: Optional[pulumi.Output]
                    needed_gpus=plan.node_gpus)
 
 
-def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key, secret_env, admin_key) -> dict:
+def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key, secret_env, admin_key,
+                               check: FleetCheck) -> dict:
     """The fleet with SGLang's router in front: the router on its machine, then each host's
-    switch in batches of rollout.maxUnavailable, each batch after the previous one, each host
-    taken out of the router and put back around its switch."""
+    switch in the batches the roll was planned in (fleet_check: the hosts out of service first,
+    then at most rollout.maxUnavailable at a time, never the last one serving), each batch after
+    the previous one, each host taken out of the router and put back around its switch."""
     r = settings.router
     hosts = {name: make_host(name, plan, private_key) for name, plan in plans}
     urls = {name: R.worker_url(hosts[name].address, plan.settings.serving.port) for name, plan in plans}
@@ -78,20 +83,22 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
                                                          private_key=private_key, setting="gpu-serving:router.host"),
                               needed_gpus=0)
     router = Router("router", router_host, settings, [urls[n] for n, _ in plans], admin_key)
-    roll = R.plan_roll([n for n, _ in plans], {}, settings.strategy_name, max_unavailable=settings.rollout.max_unavailable,
-                       router=True)
+    roll = check.roll or roll_plan.unknown([n for n, _ in plans], settings.rollout.max_unavailable)
     # Said only when a host's unit would start or restart (SwitchNotice), not in every run.
-    notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name, router_url=router.url_text,
-                                          max_unavailable=settings.rollout.max_unavailable))
+    notice = SwitchNotice(roll_plan.notice(roll, settings.strategy_name, router.url_text))
+    rejoin = set(roll.rejoin)
     outputs: dict = {}
     previous: list = [router.service]
-    for batch in roll.batches:
+    for batch in roll.chain:
         services = []
         for name in batch:
             plan = dict(plans)[name]
             member = pulumi.Output.all(router_host.connection, admin_key).apply(lambda a, url=urls[name]: {
                 "connection": a[0], "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": a[1],
-                "workerUrl": url, "drainTimeout": settings.rollout.drain_timeout_seconds, "readyTimeout": r.ready_timeout_seconds})
+                "workerUrl": url, "drainTimeout": settings.rollout.drain_timeout_seconds, "readyTimeout": r.ready_timeout_seconds,
+                "routedBy": routed_by(settings),
+                # Serves as declared but out of the router: its update puts it back (no restart).
+                **({"rejoin": True} if name in rejoin else {})})
             outputs[name] = deploy_host(name, plan, private_key, secret_env,
                                         benchmark=settings.benchmark.on_deploy and name == plans[0][0], host=hosts[name],
                                         router=pulumi.Output.secret(member), after=list(previous), notice=notice)
@@ -136,6 +143,7 @@ def run() -> None:
     pulumi_sdk.adjust(Path(os.getcwd()))
     gpu_host.DECLARED.clear()
     serving_unit.begin_run()
+    fleet_check.begin_run()
     declare()
     # Last, once every setting is checked and every resource declared without an error: the
     # provider connects and starts the reads while the engine gets to its first Read.
@@ -164,6 +172,12 @@ def declare() -> None:
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None
     private_key = cfg.get_secret("sshPrivateKey")
+    if settings.router is not None and cfg.get_secret("routerAdminKey") is None and not settings.node_names:
+        raise pulumi.RunError("gpu-serving:router needs its admin key, the secret gpu-serving:routerAdminKey: "
+                              "pulumi config set --secret gpu-serving:routerAdminKey \"$(openssl rand -hex 32)\"")
+    # Before any resource: every host's address known; behind a router, the roll planned from the
+    # hosts and the router as they are now (or the run refused, before anything changes).
+    check = check_fleet(settings, plans, private_key, ["HF_TOKEN"] if hf_token is not None else [])
     if settings.node_names:
         multi = deploy_multinode(settings, plans, private_key, secret_env)
         first = plans[0][1]
@@ -174,13 +188,10 @@ def declare() -> None:
             pulumi.export(key, value)
         return
     if settings.router is not None:
-        admin_key = cfg.get_secret("routerAdminKey")
-        if admin_key is None:
-            raise pulumi.RunError("gpu-serving:router needs its admin key, the secret gpu-serving:routerAdminKey: "
-                                  "pulumi config set --secret gpu-serving:routerAdminKey \"$(openssl rand -hex 32)\"")
-        outputs = deploy_fleet_behind_router(settings, plans, private_key, secret_env, admin_key)
+        outputs = deploy_fleet_behind_router(settings, plans, private_key, secret_env, cfg.get_secret("routerAdminKey"),
+                                             check)
     else:
-        notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name, router_url=None))
+        notice = SwitchNotice(R.switch_notice([n for n, _ in plans], settings.strategy_name))
         # One program run for the whole fleet: the engine reads and changes the hosts in parallel.
         # The benchmark (benchmark.onDeploy) measures the first host, as `components bench` does.
         outputs = {name: deploy_host(name, plan, private_key, secret_env, benchmark=settings.benchmark.on_deploy and i == 0,

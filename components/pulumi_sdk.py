@@ -12,6 +12,11 @@ thing each program run does (program.run); a run in a warm fork changes only its
   (twice for each refresh), so its size is paid per step and grows with the fleet. Kept: the
   frames in the project's own files (components/, __main__.py), and the first frame whatever it
   is (the resource's source position is the first frame).
+- Once the engine stops on an error it has shown (a refused switch, a failed check), the program's
+  requests still in flight fail with "the monitor is unavailable", which the SDK raised as a
+  second error, "Resource monitor has terminated, shutting down", under the first (issue 36.12).
+  The engine has said why it stopped: the program ends there without a word, with the status that
+  tells the engine its message was shown.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from pathlib import Path
 
 import pulumi
 from pulumi.runtime import resource as sdk_resource
+from pulumi.runtime import settings as sdk_settings
 
 SDK_DEBUG_ENV = "GPU_SERVING_SDK_DEBUG"
 _SDK_DEBUG = pulumi.log.debug
@@ -27,8 +33,21 @@ _SDK_DEBUG = pulumi.log.debug
 _SDK_STACK_TRACE = getattr(sdk_resource, "_get_stack_trace", None)
 
 
+# The SDK's mapping of a failed request (pinned SDK) and the status its runner ends with when the
+# user has been shown why (pulumi-language-python-exec: the engine then adds nothing).
+_SDK_GRPC_ERROR = sdk_settings.grpc_error_to_exception
+SHOWN_ALREADY = 32
+
+
 def _no_debug(*_args, **_kwargs) -> None:
     return None
+
+
+def _quiet_when_the_engine_stopped(exn):
+    import grpc
+    if exn.code() == grpc.StatusCode.UNAVAILABLE:
+        raise SystemExit(SHOWN_ALREADY)
+    return _SDK_GRPC_ERROR(exn)
 
 
 def debug_wanted() -> bool:
@@ -57,6 +76,7 @@ def project_frames(trace, roots: tuple[str, ...]):
 
 def adjust(project: Path) -> None:
     pulumi.log.debug = _SDK_DEBUG if debug_wanted() else _no_debug
+    sdk_settings.grpc_error_to_exception = _quiet_when_the_engine_stopped
     if _SDK_STACK_TRACE is not None:
         roots = project_roots(project)
         sdk_resource._get_stack_trace = lambda: project_frames(_SDK_STACK_TRACE(), roots)

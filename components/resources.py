@@ -17,6 +17,7 @@ from pulumi.dynamic import Resource
 from .core.readiness import AS_DECLARED
 from .remote import bench as remote_bench
 from .remote import multinode, providers
+from .remote.refusal import RunRefusedProvider
 from .remote.router import RouterReadinessProvider, RouterServiceProvider
 
 
@@ -157,3 +158,11 @@ class RouterReadiness(Resource, module=MODULE, name="RouterReadiness"):
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__(RouterReadinessProvider(), name, {**props, "status": None, "reason": None, "workers": None},
                          dynamic_options(opts, ["connection", "adminKey"]))
+
+
+class RunRefused(Resource, module=MODULE, name="RunRefused"):
+    """Fails the run, before anything changes, with `message` (components/fleet_check.py): every
+    resource of the stack waits for it. Never created."""
+
+    def __init__(self, name: str, message: str, opts: Optional[pulumi.ResourceOptions] = None):
+        super().__init__(RunRefusedProvider(), name, {"message": message}, opts)

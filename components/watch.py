@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from .core import watch as W
+from .files import atomic_write
 from .core.errors import ConfigError, SettingError
 from .core.plan import check_stack
 from .core.stack_config import from_files, stack_names
@@ -102,22 +102,6 @@ def preview_stack(project_dir: Path, stack: str) -> dict:
     return out
 
 
-def atomic_write(path: Path, text: str) -> None:
-    """Readers (node_exporter, a dashboard) see the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def post_webhook(url: str, payload: dict) -> Optional[str]:
     """None when delivered; else why not (logged: the next change posts again)."""
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
@@ -146,9 +130,13 @@ def tick(project_dir: Path, stacks: list[str], state_dir: Path, webhook: Optiona
     now = time.time()
     doc = W.tick_document(results, status, checked_at=datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
                           checked_at_seconds=now, errors_before=int((before or {}).get("check_errors_total", 0)))
-    found = W.changes(before, doc)
+    # The traffic (issue 42): the servers' load, its window, the recommendation, the target files.
+    from .traffic_watch import tick as traffic_tick
+    traffic = traffic_tick(project_dir, stacks, doc, before, state_dir, log)
+    doc["traffic"] = traffic.doc
+    found = W.changes(before, doc) + traffic.changes
     atomic_write(status_path, json.dumps(doc, indent=2) + "\n")
-    atomic_write(state_dir / METRICS_FILE, W.render_prometheus(doc))
+    atomic_write(state_dir / METRICS_FILE, W.render_prometheus(doc) + traffic.prometheus)
     for c in found:
         log(f"watch: {c['line']}")
     if found and webhook:

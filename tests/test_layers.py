@@ -28,11 +28,17 @@ LAZY = {
     ("components.__main__", "components.remote.ssh"):
         "`plan` reads running rehearsal hosts' addresses (host.json, no connection; paramiko stays unloaded)",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
+    ("components.watch", "components.traffic_watch"): "every command loads components.watch: only a tick reads the traffic",
+    ("components.traffic_watch", "components.remote.ssh"): "loaded by a watch tick only (the SSH side)",
+    ("components.traffic_watch", "components.remote.status"): "loaded by a watch tick only (the SSH side)",
+    ("components.metrics_cli", "components.remote.ssh"):
+        "every command loads components.metrics_cli: it reads running rehearsal hosts' addresses (host.json), only when it runs",
     # The program imports remote/ahead.py for its two tokens: the provider's side stays unloaded there.
     ("components.remote.ahead", "components.remote.providers"): "loaded ahead by the provider process only (warm_up)",
     ("components.remote.ahead", "components.remote.ssh"): "the provider process connects; the program never does",
     ("components.remote.ahead", "components.core.reads"): "the requests are built in the provider process only",
     ("components.remote.ahead", "components.remote.handoff"): "the provider process hands reads over; the program never does",
+    ("components.remote.ahead", "components.remote.fleet_read"): "the provider process reads the fleet; the program never does",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
 

@@ -80,7 +80,8 @@ def test_a_renamed_unit_is_written_first_and_the_old_file_removed_after():
 @pytest.fixture
 def commands(monkeypatch):
     ran: list[list[str]] = []
-    monkeypatch.setattr(ssh, "run", lambda t, argv, **kw: ran.append(list(argv)))
+    # Each command answers nothing, as a host with nothing of ours would.
+    monkeypatch.setattr(ssh, "run", lambda t, argv, **kw: ran.append(list(argv)) or ssh.Result(0, "", ""))
     monkeypatch.setattr(ssh, "remove_file", lambda t, path: ran.append(["rm", "-f", "--", path]))
     return ran
 

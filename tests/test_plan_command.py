@@ -181,3 +181,44 @@ def test_status_of_a_rehearsal_host_that_is_not_booted_is_nothing_serves(tmp_pat
     assert out.returncode == 2, out.stdout + out.stderr
     assert "not read: 192.0.2.10:22;" in out.stdout and "not booted (nothing serves there): rehearsal:plan-test-b" \
         in out.stdout, out.stdout
+
+
+ROUTED_PROJECT = """
+  gpu-serving:hosts:
+    value:
+      - {name: gpu1, address: 192.0.2.11, hostKey: KEY}
+      - {name: gpu2, address: 192.0.2.12, hostKey: KEY}
+  gpu-serving:router:
+    value: {runsOn: gpu1}
+"""
+
+
+def test_a_router_in_pulumi_yaml_is_turned_off_by_a_multi_node_stack_named_in_the_error(tmp_path):
+    """Issue 36.10: a router declared for the project's fleets in Pulumi.yaml could not be turned off
+    for a multi-node stack, and the refusal said "remove gpu-serving:router from this stack" (it is
+    not in that file) after a runsOn error about the fleet the router was not meant for. The
+    refusal names the stack's file and the setting that turns it off; `false` does, read the same
+    way from the files (plan) and from the engine (preview, up)."""
+    from components.core.plan import check_stack
+    from components.core.stack_config import from_engine, from_files
+
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    (tmp_path / "Pulumi.yaml").write_text((ROOT / "Pulumi.yaml").read_text() + ROUTED_PROJECT.replace("KEY", key))
+    (tmp_path / "Pulumi.tp8.yaml").write_text((ROOT / "Pulumi.tp8.yaml").read_text())
+    multi = (ROOT / "Pulumi.tp16x2.yaml").read_text()
+    (tmp_path / "Pulumi.tp16x2.yaml").write_text(multi)
+    out = run_plan("--stack", "tp16x2", "--project-dir", str(tmp_path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert ("gpu-serving:router: a router fronts a fleet of independent servers; a multi-node layout is one server"
+            in out.stderr), out.stderr
+    assert "`gpu-serving:router: false` in Pulumi.tp16x2.yaml" in out.stderr
+    assert "runsOn" not in out.stderr and "remove gpu-serving:router from this stack" not in out.stderr
+
+    (tmp_path / "Pulumi.tp16x2.yaml").write_text(multi + "  gpu-serving:router: false\n")
+    out = run_plan("--stack", "tp16x2", "--project-dir", str(tmp_path))
+    assert out.returncode == 0 and out.stdout.startswith("stack tp16x2: 2 hosts"), out.stderr
+    for stack, routed in (("tp16x2", False), ("tp8", True)):
+        files = from_files(tmp_path, stack)
+        engine = from_engine({k: json.dumps(v) for k, v in files.values.items()}, set())
+        for raw in (files, engine):
+            assert (check_stack(stack, raw, tmp_path).settings.router is not None) is routed, (stack, raw)

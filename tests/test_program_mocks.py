@@ -1,8 +1,10 @@
 """The Pulumi program under `pulumi.runtime.set_mocks`: for each shipped stack it registers the
 components, and the unit resource carries exactly the rendered unit. (Mocks replace the
 providers, so no host is touched; the providers are tested against a real host elsewhere.)"""
+import contextlib
 import json
 from pathlib import Path
+from unittest import mock
 
 import pulumi
 import pytest
@@ -59,7 +61,16 @@ def test_program_registers_components_with_rendered_unit(stack, monkeypatch):
     assert "siblings" not in service and service["configHash"]
 
 
-def run_program(stack: str, config: dict, secret_keys: list[str] | None = None) -> Recorder:
+@contextlib.contextmanager
+def booted(yes: bool = True):
+    """The fleets' rehearsal hosts here are never booted: taken as running (their address is then
+    the stand-in name), unless a test is about a host that is not (fleet_check.unresolved)."""
+    from components import fleet_check
+    with mock.patch.object(fleet_check, "rehearsal_info", lambda name: {"address": f"rehearsal-{name}"} if yes else None):
+        yield
+
+
+def run_program(stack: str, config: dict, secret_keys: list[str] | None = None, hosts_booted: bool = True) -> Recorder:
     """The program under mocks with `config` (`secret_keys` of it set as secrets); the recorder of
     what it registered."""
     rec = Recorder()
@@ -69,7 +80,8 @@ def run_program(stack: str, config: dict, secret_keys: list[str] | None = None) 
 
     @pulumi.runtime.test
     def check():
-        run()
+        with booted(hosts_booted):
+            run()
         return pulumi.Output.from_input(True).apply(lambda _: None)
 
     check()
@@ -166,8 +178,8 @@ def test_every_dynamic_resource_class_names_its_token():
 
     classes = [c for c in Resource.__subclasses__() if c.__module__.startswith("components.")]
     tokens = {f"pulumi-python:{c._resource_type_name}": c.__qualname__ for c in classes}
-    assert len(classes) == 12, classes
-    assert len(tokens) == 12 and PREVIOUS_TYPE not in tokens, tokens
+    assert len(classes) == 13, classes
+    assert len(tokens) == 13 and PREVIOUS_TYPE not in tokens, tokens
     assert all(t.startswith(DYNAMIC) for t in tokens), tokens
 
 
@@ -300,7 +312,8 @@ def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatc
 
     @pulumi.runtime.test
     def check():
-        run()
+        with booted():
+            run()
         return pulumi.Output.from_input(True).apply(lambda _: None)
 
     check()
@@ -314,3 +327,26 @@ def test_a_failed_rollback_fails_the_run_after_the_readiness_resource(monkeypatc
     assert DYNAMIC + "Readiness" in readiness_urn
     inputs = next(i for t, n, i in rec.resources if t == typ)
     assert inputs["message"] == FailedRollbackRecorder.MESSAGE
+
+
+@pytest.mark.parametrize("stack", ["ep8", "tp16x2"])
+def test_a_host_not_booted_registers_the_refusal_first_and_everything_waits_for_it(monkeypatch, stack):
+    """Issue 36.6: a fleet (or multi-node) host whose rehearsal host is not running has no address;
+    the run must stop before anything changes. The refusal (RunRefused, whose check fails the
+    preview and the up) is registered first, and every other resource, components included, names
+    it among its dependencies, so the engine gets none of them before the refusal's answer; a
+    destroy or refresh (no check there) goes on as ever. A one-host stack registers no refusal."""
+    monkeypatch.chdir(ROOT)
+    registered = record_registrations(monkeypatch, "dependencies")
+    config = stack_config(stack)
+    if stack == "ep8":
+        config["gpu-serving:hosts"] = json.dumps(FLEET)
+    rec = run_program(stack, config, hosts_booted=False)
+    refusal = [inputs for t, n, inputs in rec.resources if t == DYNAMIC + "RunRefused"]
+    assert len(refusal) == 1 and "nothing was changed: hosts[" in refusal[0]["message"], refusal
+    assert "is not running: start it with `python -m rehearsal up" in refusal[0]["message"]
+    others = [(t, n, _names(d)) for t, n, d in registered if t not in ("pulumi:pulumi:Stack", DYNAMIC + "RunRefused")]
+    assert others and all("run-refused" in d for _, _, d in others), [o for o in others if "run-refused" not in o[2]]
+    one = record_registrations(monkeypatch, "type")
+    run_program("ep8", stack_config("ep8"), hosts_booted=False)
+    assert not [r for r in one if r[0] == DYNAMIC + "RunRefused"]

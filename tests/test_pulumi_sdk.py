@@ -43,9 +43,10 @@ def test_only_the_projects_own_frames_are_kept_and_the_first_whatever_it_is(tmp_
 
 @pytest.fixture
 def restore_sdk():
-    debug, stack_trace = pulumi.log.debug, sdk_resource._get_stack_trace
+    from pulumi.runtime import settings
+    debug, stack_trace, grpc_error = pulumi.log.debug, sdk_resource._get_stack_trace, settings.grpc_error_to_exception
     yield
-    pulumi.log.debug, sdk_resource._get_stack_trace = debug, stack_trace
+    pulumi.log.debug, sdk_resource._get_stack_trace, settings.grpc_error_to_exception = debug, stack_trace, grpc_error
 
 
 @pytest.mark.parametrize("value, made", [("", False), ("0", False), ("1", True), ("yes", True)])
@@ -73,3 +74,32 @@ def test_the_sdk_records_the_trimmed_trace(restore_sdk, tmp_path, monkeypatch):
     monkeypatch.setattr(pulumi_sdk, "_SDK_STACK_TRACE", lambda: trace(f"{root}/a.py", "file:///usr/lib/b.py"))
     pulumi_sdk.adjust(tmp_path)
     assert uris(sdk_resource._get_stack_trace()) == [f"{root}/a.py"]
+
+
+class _Failed(Exception):
+    """A failed gRPC request as the SDK sees one (grpc.RpcError and grpc.Call)."""
+
+    def __init__(self, code):
+        self._code = code
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return "the details"
+
+
+def test_once_the_engine_has_stopped_the_program_ends_without_a_second_error(restore_sdk, tmp_path):
+    """Issue 36.12: after a refusal the engine shows, the requests the program still had in flight
+    failed as "Resource monitor has terminated, shutting down", a second error line. Now such a
+    failure ends the program quietly (the status the SDK's runner uses for "already shown"); any
+    other failure is the SDK's as before."""
+    import grpc
+    from pulumi.runtime import settings
+
+    pulumi_sdk.adjust(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        settings.handle_grpc_error(_Failed(grpc.StatusCode.UNAVAILABLE))
+    assert ended.value.code == pulumi_sdk.SHOWN_ALREADY
+    with pytest.raises(Exception, match="the details"):
+        settings.handle_grpc_error(_Failed(grpc.StatusCode.UNKNOWN))

@@ -1,7 +1,7 @@
 """The router's pure parts (components/core/router.py) on data files under tests/data/router/:
 the pinned wheel set, the unit (golden file), GET /workers as smg 1.13.0 answers it, the readiness
-verdict, in-flight requests from SGLang's /metrics, the roll order, and when a run says it
-(only when a switch is planned)."""
+verdict, in-flight requests from SGLang's /metrics, and when a run says it switches (only when a
+switch is planned). The roll's order: tests/test_roll_cases.py."""
 from __future__ import annotations
 
 import json
@@ -77,19 +77,7 @@ def test_a_router_that_does_not_answer_is_not_ready():
         R.parse_workers('{"error": "Missing or invalid Authorization header"}')
 
 
-def test_in_flight_sums_running_and_queued_over_ranks():
-    assert R.in_flight((DATA / "metrics-sglang-two-ranks.txt").read_text()) == 6
-    assert R.in_flight("# HELP x\nother_metric 3\n") is None
-    assert R.in_flight('sglang:num_running_reqs{model_name="m"} 0.0\n') == 0
-
-
-@pytest.mark.parametrize("case", yaml.safe_load((DATA / "roll-cases.yaml").read_text()), ids=lambda c: c["why"])
-def test_roll_order(case):
-    roll = R.plan_roll(case["hosts"], case["current"], case["target"], max_unavailable=case["maxUnavailable"],
-                       router=case["router"])
-    assert [list(b) for b in roll.batches] == case["batches"]
-    assert list(roll.unchanged) == case["unchanged"]
-    assert case["describe"] in roll.describe(case["target"], case["maxUnavailable"], "http://r:30080")
+# In flight on a server: tests/test_server_metrics.py (cases tests/data/traffic/in-flight.json).
 
 
 def test_failure_message_names_the_host_and_what_each_host_runs():
@@ -120,14 +108,12 @@ def test_a_switch_is_planned_only_when_the_unit_would_start_or_restart(case):
     assert switch_planned(case["olds"], case["news"]) is case["planned"]
 
 
-def test_switch_notice_is_the_roll_order_or_all_at_once_and_nothing_for_one_host():
-    rolled = R.switch_notice(["gpu1", "gpu2", "gpu3"], "pp8", router_url="http://10.0.0.1:30080", max_unavailable=2)
-    assert rolled == ("hosts whose strategy changes switch in this order: rolling switch to pp8 behind the router "
-                      "http://10.0.0.1:30080, 2 at a time: [gpu1, gpu2] -> [gpu3]")
-    assert R.switch_notice(["gpu1", "gpu2"], "ep8", router_url=None) == (
+def test_switch_notice_without_a_router_is_all_at_once_and_nothing_for_one_host():
+    # Behind a router the line is the roll's order: tests/test_roll_cases.py.
+    assert R.switch_notice(["gpu1", "gpu2"], "ep8") == (
         "no router (gpu-serving:router): the hosts whose strategy changes, of gpu1, gpu2, stop at once and switch to "
         "ep8 together; nothing serves on them until they are ready")
-    assert R.switch_notice([""], "ep8", router_url=None) is None
+    assert R.switch_notice([""], "ep8") is None
 
 
 def test_the_notice_is_said_once_per_run_and_never_without_text(monkeypatch):

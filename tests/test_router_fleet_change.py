@@ -149,3 +149,39 @@ def test_a_server_serving_without_a_switch_is_put_in_the_router_when_it_is_not_t
     host = Host(monkeypatch, running=props(URLS), listed=listed)
     remote.ensure_listed(serving(), lambda m: None, "hosts[gpu3]: ")
     assert host.done == done
+
+
+def test_a_roll_never_takes_the_last_server_out_of_the_router(monkeypatch):
+    """Issue 36.5, at the host's turn: the plan said others serve, but they have gone since; the roll
+    stops before this host leaves the router. With another server there, it goes out as planned."""
+    host = Host(monkeypatch, running=props(URLS), listed=[URLS[2]])
+    with pytest.raises(remote.RollError, match=r"the roll stops before taking http://\[fd00::13\]:30001 out of the router: "
+                                               "it is the only server"):
+        with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
+            raise AssertionError("switched")
+    assert host.done == []
+    host = Host(monkeypatch, running=props(URLS), listed=URLS[1:])
+    monkeypatch.setattr(remote, "_drain", lambda *a: None)
+    monkeypatch.setattr(remote.RouterAdmin, "wait", lambda *a: [])
+    with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
+        host.done.append("switched")
+    assert host.done == [("remove", URLS[2]), "switched", ("add", URLS[2])]
+
+
+def test_a_host_serving_as_declared_but_out_of_the_router_is_an_update_that_puts_it_back(monkeypatch):
+    """core/roll.py's `rejoin`: the program marks such a host's router props; its service then has
+    a change (an update, no restart: why_restart says none), whose start puts it in the router."""
+    declared = {**serving(), "configHash": "h", "execStart": "x", "environment": {}, "declared": {}, "active": True,
+                "enabled": True, "runningServer": "as declared", "readinessReport": {"checked_at": ""}}
+    same = providers.ServiceProvider().diff("id", declared, declared)
+    assert same.changes is False
+    back = providers.ServiceProvider().diff("id", declared, {**declared, "router": {**declared["router"], "rejoin": True}})
+    assert back.changes is True and back.replaces == []
+    host = Host(monkeypatch, running=props(URLS), listed=URLS[:2])
+    monkeypatch.setattr(providers.ServiceProvider, "_serving", lambda self, t, unit: True)
+    monkeypatch.setattr(providers.ServiceProvider, "_switch", lambda self, t, p, unit, restart: {**p, "restart": restart})
+    monkeypatch.setattr(providers.ServiceProvider, "_lock", lambda self, t, p: None)
+    monkeypatch.setattr(providers.ServiceProvider, "_unlock", lambda self, chan: None)
+    monkeypatch.setattr(ssh, "one_connection", lambda t, during: __import__("contextlib").nullcontext())
+    outs = providers.ServiceProvider()._start({**declared, "router": {**declared["router"], "rejoin": True}}, restart=False)
+    assert outs["restart"] is False and host.done == [("add", URLS[2])]

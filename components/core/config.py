@@ -33,7 +33,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from . import flags, model_source
+from . import autoswitch, flags, model_source
+from .autoswitch import AutoswitchSettings
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .fitness_baseline import check_policy as check_fitness_policy
 from .profiles import PROFILES
@@ -542,8 +543,7 @@ ServingSettings = create_model(
     # Strategy units this one must never run beside (systemd Conflicts=). Default: every
     # strategy that has a Pulumi.<strategy>.yaml in the project.
     conflicts_with=(Optional[list[Name]], Field(None, max_length=MAX_CONFLICTS)),
-    restart_sec=(int, Field(30, ge=1, le=3600)),
-    timeout_start_sec=(int, Field(3600, ge=60, le=86400)),
+    restart_sec=(int, Field(30, ge=1, le=3600)), timeout_start_sec=(int, Field(3600, ge=60, le=86400)),
 )
 
 
@@ -834,7 +834,9 @@ SECRET_KEYS = ("sshPrivateKey", "hfToken", "routerAdminKey")
 # A list of host objects: the fleet one stack deploys to (one engine run for all of them).
 HOSTS_KEY = "hosts"
 MAX_HOSTS = 64
-CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY)
+# Read by `watch` and `recommend` only (components/core/autoswitch.py), checked here with the rest.
+AUTOSWITCH_KEY = "autoswitch"
+CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY, AUTOSWITCH_KEY)
 
 
 def _loc(section: str, loc: tuple) -> str:
@@ -849,7 +851,7 @@ def _loc(section: str, loc: tuple) -> str:
 
 def _suggest(section: str, key: str) -> str:
     import difflib
-    cls = HostEntry if section == HOSTS_KEY else {**SECTIONS, **OPTIONAL_SECTIONS}[section]
+    cls = HostEntry if section == HOSTS_KEY else {**SECTIONS, **OPTIONAL_SECTIONS, AUTOSWITCH_KEY: AutoswitchSettings}[section]
     fields = [f.alias or n for n, f in cls.model_fields.items()]
     close = difflib.get_close_matches(key, fields, n=1) if len(key) <= MAX_NAME else []
     return f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(fields)}"
@@ -887,8 +889,12 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
         except ValidationError as exc:
             errors += _validation_errors(section, exc)
     hosts = _parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
-    router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors)
-    _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, router, errors)
+    router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors, sections.get("strategy"), stack)
+    try:
+        autoswitch.parse(config.get(AUTOSWITCH_KEY))
+    except ValidationError as exc:
+        errors += _validation_errors(AUTOSWITCH_KEY, exc)
+    _check_nodes(sections.get("strategy"), sections.get("serving"), hosts, errors)
     _check_ssh_ports(sections.get("host"), sections.get("serving"), sections.get("strategy"), hosts, router, errors)
     errors += model_source.check(sections.get("model"), hosts, SYSTEM_DIRS)
     if errors:
@@ -896,14 +902,19 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
     return StackSettings(stack=stack, hosts=hosts, router=router, **sections)
 
 
-def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError]) -> Optional[RouterSettings]:
-    """gpu-serving:router, checked against the fleet it fronts."""
-    if raw is None:
+def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError], strategy=None, stack: str = "") -> Optional[RouterSettings]:
+    """gpu-serving:router, checked against the fleet it fronts; `false` for none (a stack file turns
+    off the router Pulumi.yaml declares for the project's fleets that way)."""
+    if raw is None or raw is False:
         return None
     where = f"{NAMESPACE}:router"
+    if strategy is not None and (strategy.nodes is not None or strategy.nnodes not in (None, 1)):
+        errors.append(SettingError(where, "a router fronts a fleet of independent servers; a multi-node layout is one server "
+                                   "(rank 0 answers)", f"turn it off for this stack with `gpu-serving:router: false` in "
+                                   f"Pulumi.{stack}.yaml; a router declared in Pulumi.yaml applies to every stack of the project"))
+        return None
     if not isinstance(raw, dict):
-        errors.append(SettingError(where, f"must be an object of settings, got {type(raw).__name__}",
-                                   "e.g. {runsOn: gpu1, port: 30080}"))
+        errors.append(SettingError(where, f"must be an object of settings, got {type(raw).__name__}", "e.g. {runsOn: gpu1}, or false"))
         return None
     try:
         router = RouterSettings.model_validate(raw)
@@ -935,7 +946,7 @@ def _parse_router(raw: Any, hosts: tuple, serving, errors: list[SettingError]) -
     return router
 
 
-def _check_nodes(strategy, serving, hosts: tuple, router, errors: list[SettingError]) -> None:
+def _check_nodes(strategy, serving, hosts: tuple, errors: list[SettingError]) -> None:
     """strategy.nodes / strategy.nnodes against the fleet: one multi-node instance is the whole
     stack (every hosts entry, each once, rank 0 first), on machines with the same GPU count."""
     if strategy is None or (strategy.nodes is None and strategy.nnodes in (None, 1)):
@@ -946,8 +957,7 @@ def _check_nodes(strategy, serving, hosts: tuple, router, errors: list[SettingEr
     if not hosts:
         errors.append(SettingError(f"{where}.{key}", "a multi-node layout needs the machines it spans, listed under "
                                    "gpu-serving:hosts (one entry a node)",
-                                   "e.g. hosts: [{name: gpuA, address: ...}, {name: gpuB, address: ...}], "
-                                   "strategy.nodes: [gpuA, gpuB]"))
+                                   "e.g. hosts: [{name: gpuA, address: ...}, {name: gpuB, address: ...}], strategy.nodes: [gpuA, gpuB]"))
         return
     if strategy.nodes is not None:
         nodes = list(strategy.nodes)
@@ -980,9 +990,6 @@ def _check_nodes(strategy, serving, hosts: tuple, router, errors: list[SettingEr
                                    "machines: the instance spans all of them, one rank each",
                                    f"set nnodes: {len(hosts)}, or list the nodes by name (strategy.nodes)"))
         return
-    if router is not None:
-        errors.append(SettingError(f"{NAMESPACE}:router", "a router fronts a fleet of independent servers; a multi-node "
-                                   "layout is one server (rank 0 answers)", "remove gpu-serving:router from this stack"))
     counts = {h.gpu_count for h in hosts}
     if len(counts) > 1:
         first = hosts[0]

@@ -34,7 +34,7 @@ XML_FILTER = r"""awk -v keep=" %s " '
 { line = $0; sub(/^\t*/, "", line); depth = length($0) - length(line) }
 depth < 2 { print; next }
 depth == 2 && line ~ /^<\// { if (on) print; next }
-depth == 2 { name = line; sub(/^</, "", name); sub(/[ >\/].*/, "", name); on = index(keep, " " name " ") > 0 }
+depth == 2 { name = line; sub(/^</, "", name); sub(/[ >\/].*/, "", name); on = index(keep, " " name " ") != 0 }
 on { print }'""" % " ".join(XML_SECTIONS)
 
 # The system's NCCL (`system <the library file>`, or nothing). The NCCL torch loads in the serving

@@ -48,7 +48,8 @@ class Flag:
     value comes from, `section.camelKey` (None for a REFUSED row); form: VALUE, SWITCH or REFUSED;
     omit: the value for which a VALUE flag is left out; text: how a value is written (default
     str); declare: (type, default) or (type, default, bounds of pydantic's Field) when this table
-    declares the setting (a serving setting that is only this flag); about: one line for docs/flags.md (for REFUSED: why)."""
+    declares the setting (a serving setting that is only this flag); about: one line for docs/flags.md (for REFUSED: why);
+    when: for a SWITCH, a further condition on the stack's settings (when_about says it in words)."""
 
     flag: str
     setting: Optional[str]
@@ -59,6 +60,9 @@ class Flag:
     text: Callable[[Any], str] = str
     declare: Optional[tuple] = None
     derive: Optional[Callable[[Any], Any]] = None
+    # A SWITCH written only when its setting is true and this holds of the whole stack's settings.
+    when: Optional[Callable[[Any], bool]] = None
+    when_about: str = ""
 
     @property
     def section(self) -> str:
@@ -114,6 +118,13 @@ FLAGS: tuple[Flag, ...] = (
          aliases=("--cuda-graph-max-bs",), declare=(Optional[int], None, dict(ge=1, le=100_000))),
     Flag("--host", "serving.host", "address the server binds"),
     Flag("--port", "serving.port", "port the server listens on"),
+    # On by default: `watch`, the recommendation and a Prometheus read the servers' load from here.
+    Flag("--enable-metrics", "serving.enableMetrics", "SGLang's Prometheus metrics on /metrics of the serving port",
+         form=SWITCH, declare=(bool, True)),
+    # SGLang's own advice under DP attention: every scheduler reports, so each DP rank's load is seen
+    # (components/core/traffic.py counts one series per DP rank and stage).
+    Flag("--enable-metrics-for-all-schedulers", "serving.enableMetrics", "every scheduler (each TP rank) reports metrics",
+         form=SWITCH, when=lambda s: bool(s.strategy.enable_dp_attention), when_about="under strategy.enableDpAttention"),
     Flag("--nnodes", "strategy.nodes", "how many nodes the layout spans (multi-node only)", form=DERIVED,
          derive=lambda node: node.nnodes),
     Flag("--node-rank", "strategy.nodes", "this node's rank: its place in strategy.nodes", form=DERIVED,
@@ -155,7 +166,7 @@ def words(settings: Any, namespace: str) -> list[tuple[str, str]]:
             continue
         value = getattr(getattr(settings, row.section), row.attribute)
         if row.form == SWITCH:
-            if value:
+            if value and (row.when is None or row.when(settings)):
                 out.append((where, row.flag))
         elif value is not None and value != row.omit:
             out += [(where, row.flag), (where, row.text(value))]
@@ -186,6 +197,8 @@ def markdown(sections: dict[str, Any]) -> str:
             default = "(not written)" if row.declare is not None else "(derived: README)"
         default = str(default).lower() if isinstance(default, bool) else str(default)
         written = {VALUE: "`--flag value`", SWITCH: "`--flag` when true"}[row.form]
+        if row.when_about:
+            written += f", {row.when_about}"
         if row.form == VALUE and row.omit is not None:
             written += f", not when {row.omit}"
         aliases = ", ".join(f"`{a}`" for a in row.aliases)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from . import server_metrics
 from .errors import ConfigError, SettingError, shown
 from .rules import NAMESPACE, ROUTER_KEY
 from .unit import UNIT_DIR
@@ -255,24 +256,14 @@ def membership(url: str, workers: Optional[list[Worker]], router: str, error: st
 # ---------------------------------------------------------------------------------------------
 # In flight on a server (SGLang's Prometheus text, --enable-metrics)
 
-GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
-
-
-def in_flight(metrics_text: str) -> Optional[int]:
-    """Requests running plus queued on a server, from its /metrics (summed over the label sets:
-    one per rank or model); None when it reports neither gauge."""
-    total, seen = 0.0, False
-    for line in metrics_text.splitlines():
-        if line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in GAUGES:
-            try:
-                total += float(line.rsplit(None, 1)[-1])
-                seen = True
-            except ValueError:
-                continue
-    return int(round(total)) if seen else None
+def in_flight(metrics_text: str, attn_tp_size: Optional[int] = None) -> Optional[int]:
+    """Requests running plus queued on a server, from its /metrics, each counted once: one series
+    per DP group and stage, not one per TP rank (core/server_metrics.py says why); None when it
+    reports neither gauge or is not Prometheus' text."""
+    try:
+        return server_metrics.in_flight(metrics_text, attn_tp_size)
+    except ValueError:
+        return None
 
 
 def in_flight_from_load(text: str) -> Optional[int]:
@@ -334,52 +325,19 @@ def parse_http(stdout: str) -> tuple[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The roll
+# The roll (its order and refusals: core/roll.py)
 
-@dataclass(frozen=True)
-class Roll:
-    batches: tuple[tuple[str, ...], ...]     # host names, switched batch after batch
-    unchanged: tuple[str, ...] = ()          # already serving the declared strategy
-    router: bool = True
-
-    def describe(self, strategy: str, max_unavailable: int, router_url: str = "") -> str:
-        if not self.router:
-            names = [n for b in self.batches for n in b]
-            return (f"no router (gpu-serving:router): every host stops at once: {', '.join(names)} switch to "
-                    f"{strategy} together, nothing serves until they are ready") if names else "nothing to switch"
-        if not self.batches:
-            return f"every host already serves {strategy}: nothing to roll"
-        order = " -> ".join("[" + ", ".join(b) + "]" for b in self.batches)
-        kept = f"; unchanged: {', '.join(self.unchanged)}" if self.unchanged else ""
-        return (f"rolling switch to {strategy} behind the router {router_url}, {max_unavailable} at a time: {order}{kept}")
-
-
-def plan_roll(hosts: list[str], current: dict[str, Optional[str]], target: str, *, max_unavailable: int,
-              router: bool) -> Roll:
-    """The order hosts switch in: the declared order, hosts already on `target` left out, in
-    batches of `max_unavailable` (all at once without a router)."""
-    todo = [h for h in hosts if current.get(h) != target]
-    unchanged = tuple(h for h in hosts if current.get(h) == target)
-    if not router:
-        return Roll(batches=(tuple(todo),) if todo else (), unchanged=unchanged, router=False)
-    size = max(1, max_unavailable)
-    return Roll(batches=tuple(tuple(todo[i:i + size]) for i in range(0, len(todo), size)), unchanged=unchanged)
-
-
-def switch_notice(hosts: list[str], strategy: str, *, router_url: Optional[str], max_unavailable: int = 1) -> Optional[str]:
-    """The line a fleet's run prints when a switch is planned (components/program.py prints it
-    from the first unit that would start or restart, never in a run that switches nothing): the
-    roll order behind the router, or without one that the hosts that switch stop at once. None for the
-    one-host form (no fleet to order)."""
-    if router_url is None:
-        if len(hosts) < 2:
-            return None
-        # Which hosts really switch is known host by host, after this line is printed (a host
-        # already on `strategy`, say after a partial failure, is left alone): the line says so.
-        return (f"no router (gpu-serving:router): the hosts whose strategy changes, of {', '.join(hosts)}, stop at once "
-                f"and switch to {strategy} together; nothing serves on them until they are ready")
-    roll = plan_roll(hosts, {}, strategy, max_unavailable=max_unavailable, router=True)
-    return f"hosts whose strategy changes switch in this order: {roll.describe(strategy, max_unavailable, router_url)}"
+def switch_notice(hosts: list[str], strategy: str) -> Optional[str]:
+    """The line a fleet without a router prints when a switch is planned (components/program.py
+    prints it from the first unit that would start or restart, never in a run that switches
+    nothing): the hosts that switch stop at once. None for the one-host form. Behind a router the
+    line is the roll's order (core/roll.py: notice)."""
+    if len(hosts) < 2:
+        return None
+    # Which hosts really switch is known host by host, after this line is printed (a host
+    # already on `strategy`, say after a partial failure, is left alone): the line says so.
+    return (f"no router (gpu-serving:router): the hosts whose strategy changes, of {', '.join(hosts)}, stop at once "
+            f"and switch to {strategy} together; nothing serves on them until they are ready")
 
 
 @dataclass

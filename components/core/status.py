@@ -19,7 +19,7 @@ from typing import Any, Optional
 from .changes import environment_changes, flag_changes
 from .facts import SHOW_OPTIONS
 from .readiness import flag_groups
-from .unit import MANAGED_UNITS_GREP, MARKER_KEY, UNIT_DIR, own_drop_ins
+from .unit import MANAGED_UNITS_GREP, MARKER_KEY, ROUTED_KEY, UNIT_DIR, own_drop_ins
 
 SUPERSEDED = "superseded: "
 
@@ -36,6 +36,7 @@ for f in $(""" + MANAGED_UNITS_GREP + r"""); do
   stack=$(sed -n 's/^""" + MARKER_KEY + r"""=//p' "./$f" | head -n 1)
   [ -n "$stack" ] || stack=$(sed -n 's/^# Managed by gpu-serving (stack \([^)]*\)).*/\1/p' "./$f" | head -n 1)
   echo "Stack=$stack"
+  echo "RoutedBy=$(sed -n 's/^""" + ROUTED_KEY + r"""=//p' "./$f" | head -n 1)"
   show=$(systemctl show """ + SHOW_OPTIONS + r""" -- "$f")
   printf '%s\n' "$show"
   pid=$(printf '%s\n' "$show" | sed -n 's/^MainPID=//p')
@@ -70,6 +71,7 @@ class HostUnit:
     argv: list[str] = field(default_factory=list)
     environ: dict[str, str] = field(default_factory=dict)
     drop_ins: list[str] = field(default_factory=list)  # its own (`systemctl edit`): hand edits
+    routed_by: str = ""  # a fleet member's: the router that sends it requests (unit.ROUTED_KEY)
 
     @property
     def serving(self) -> bool:
@@ -153,7 +155,7 @@ def parse_serving(stdout: str) -> HostServing:
                               sub_state=b.get("SubState", ""), enabled=b.get("UnitFileState") == "enabled",
                               main_pid=pid, since=b.get("ActiveEnterTimestamp", ""), uptime_seconds=uptime,
                               argv=_nul_split(b.get("Cmdline", "")) if pid else [], environ=environ if pid else {},
-                              drop_ins=own_drop_ins(b["@name"], b.get("DropInPaths", ""))))
+                              drop_ins=own_drop_ins(b["@name"], b.get("DropInPaths", "")), routed_by=b.get("RoutedBy", "")))
     return HostServing(units, manager)
 
 

@@ -31,6 +31,10 @@ UNIT_DIR = "/etc/systemd/system"
 # A [Unit] key systemd ignores (X- prefix) that marks a unit as a gpu-serving serving unit and names
 # its stack: a switch finds every strategy on the host by it (components/core/switch.py).
 MARKER_KEY = "X-GpuServing-Stack"
+# Another X- key, on a fleet member's unit behind SGLang's router: which router sends it requests
+# (`<router unit>:<router port>`). A stack without that router refuses to stop such a unit
+# (core/roll.py: stops_a_routed_server): it would take a server out from under the router.
+ROUTED_KEY = "X-GpuServing-RoutedBy"
 # The unit files of UNIT_DIR that gpu-serving wrote (the marker key, or the header of units written
 # before it), as a shell command run in that directory: one name a line.
 MANAGED_UNITS_GREP = "grep -l -s -e '^" + MARKER_KEY + "=' -e '^# Managed by gpu-serving [(]stack ' -- *.service"
@@ -229,6 +233,11 @@ def unit_environment(env: dict[str, str], shared: dict[str, str]) -> dict[str, s
     return {k: v for k, v in env.items() if k not in shared}
 
 
+def routed_by(settings: StackSettings) -> str:
+    """The ROUTED_KEY value of a fleet behind a router: the router's unit and port."""
+    return f"{settings.router.unit_name}:{settings.router.port}"
+
+
 def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None,
                 own_environment: dict[str, str] | None = None) -> RenderedUnit:
     """The strategy's unit file. `conflicts_with` (strategy names, the explicit
@@ -253,6 +262,7 @@ def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None
         f"(tp {layout.tp_size}, pp {layout.pp_size}, ep {layout.ep_size}, dp {layout.dp_size}) on port {s.port}"
         + (f", node rank {settings.node.rank} of {settings.node.nnodes}" if settings.node else ""),
         f"{MARKER_KEY}={settings.stack}",
+        *([f"{ROUTED_KEY}={routed_by(settings)}"] if settings.router is not None else []),
         "After=network-online.target",
         "Wants=network-online.target",
     ]

@@ -20,6 +20,9 @@ both at once and works in daemon threads:
   of the host, no older than its max_age); a result nobody takes is dropped with the process.
   A bad setting never gets here: the program stops before it sends anything.
 
+A third call, READ_FLEET, is one the program waits for: a fleet behind the router is read before
+its roll is planned (remote/fleet_read.py; the program's side: components/fleet_check.py).
+
 Served by gpu-serving-pyrun.py's `--invokes` (the provider launcher names this module): the
 runner gives `handle` every Invoke the SDK's provider server would refuse as not implemented.
 """
@@ -33,6 +36,9 @@ from typing import Any, Callable, Optional
 # The tokens: in the dynamic provider's package, so the engine sends them to this process.
 START = "pulumi-python:dynamic:startProvider"
 READ_AHEAD = "pulumi-python:dynamic:readAhead"
+# A fleet behind the router, read before its roll is planned (remote/fleet_read.py). Unlike the
+# two above, the program waits for this answer: the roll's order and its refusal are made of it.
+READ_FLEET = "pulumi-python:dynamic:readFleet"
 
 
 def handle(token: str, args: dict) -> Optional[dict]:
@@ -40,6 +46,13 @@ def handle(token: str, args: dict) -> Optional[dict]:
     if token == START:
         _spawn(warm_up)
         return {}
+    if token == READ_FLEET:
+        from .fleet_read import read_fleet
+        doc = secret_json(args.get("fleet"))
+        try:
+            return {"value": json.dumps(read_fleet(doc) if isinstance(doc, dict) else {"error": "no fleet sent"})}
+        except Exception as exc:  # noqa: BLE001 - the program refuses the roll with this, rather than a gRPC error
+            return {"value": json.dumps({"error": f"{type(exc).__name__}: {exc}"[:400]})}
     if token == READ_AHEAD:
         hosts = hosts_of(args)
         run = _handoff_run(hosts) if hosts else None
@@ -51,16 +64,20 @@ def handle(token: str, args: dict) -> Optional[dict]:
     return None
 
 
-def hosts_of(args: dict) -> list[dict]:
-    """The host-facts props the program sent: a JSON list (exact numbers, which a protobuf Struct
-    would turn into floats), kept a secret on its way through the engine."""
-    value: Any = args.get("hosts")
+def secret_json(value: Any) -> Any:
+    """A value the program sent as a JSON text (exact numbers, which a protobuf Struct would turn
+    into floats), kept a secret on its way through the engine; None when it is not one."""
     if isinstance(value, dict) and "value" in value:  # still wrapped as a secret
         value = value["value"]
     try:
-        hosts = json.loads(value) if isinstance(value, str) else None
+        return json.loads(value) if isinstance(value, str) else None
     except ValueError:
-        return []
+        return None
+
+
+def hosts_of(args: dict) -> list[dict]:
+    """The host-facts props the program sent (a JSON list, a secret: secret_json)."""
+    hosts = secret_json(args.get("hosts"))
     return [h for h in hosts if isinstance(h, dict)] if isinstance(hosts, list) else []
 
 

@@ -44,6 +44,7 @@ from ..core.facts import (
 )
 from . import cli, identity, preview, probe, ssh
 from . import router as router_roll
+from . import routed_guard, said
 from .common import changed as _changed
 from .common import moved as _moved
 from .common import progress as _progress
@@ -174,29 +175,24 @@ def _clean_errors_in_provider_process() -> None:
     Pulumi's dynamic-provider server reports any exception as `traceback.format_exc()`, which
     buries "readiness: timed_out ..." under frames of our code. In that process only (its
     __main__ is pulumi.dynamic's server), errors we raise on purpose are shown by their message;
-    anything else keeps its full traceback, as a bug should.
+    anything else keeps its full traceback, as a bug should. The traceback module's own function
+    is replaced (the server looks it up at each error) and asks at each error which process it is
+    in: with warm starts this module is imported in the warm process, before its fork runs the
+    server as __main__, and the server's errors all came with their traceback (issue 36.12).
     """
     import traceback
-    main = sys.modules.get("__main__")
-    if getattr(main, "__spec__", None) is None or main.__spec__.name != "pulumi.dynamic.__main__":
+    if getattr(traceback.format_exc, "gpu_serving", False):
         return
-    if getattr(getattr(main, "traceback", None), "gpu_serving", False):
-        return
+    original = traceback.format_exc
 
-    class _Traceback:
-        gpu_serving = True
+    def format_exc(*args, **kwargs):
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if isinstance(sys.exc_info()[1], (DeployError, ssh.RemoteError)) and getattr(spec, "name", "") == "pulumi.dynamic.__main__":
+            return str(sys.exc_info()[1])
+        return original(*args, **kwargs)
 
-        def __getattr__(self, name):
-            return getattr(traceback, name)
-
-        @staticmethod
-        def format_exc(*args, **kwargs):
-            exc = sys.exc_info()[1]
-            if isinstance(exc, (DeployError, ssh.RemoteError)):
-                return str(exc)
-            return traceback.format_exc(*args, **kwargs)
-
-    main.traceback = _Traceback()
+    format_exc.gpu_serving = True
+    traceback.format_exc = format_exc
 
 
 _clean_errors_in_provider_process()
@@ -343,8 +339,9 @@ class RemoteFileProvider(ResourceProvider):
                 and cli.provider_says_preview_things():
             # A new file's text, whole (the engine's display shortens a new multi-line value); a
             # changed one shows as the engine's line diff of `content`, an unchanged one not at all;
-            # once a command (in the preview of a `pulumi up`, not again in its update).
-            _progress(f"{_who(news)}{news.get('path')} as it will be written:\n{news['content']}".rstrip("\n"))
+            # once a command (in the preview of a `pulumi up`, not again in its update), and once a
+            # fleet when its hosts' files read the same (said.py).
+            _progress(said.new_file(_who(news), str(news.get("path")), news["content"]))
         return CheckResult(news, [
             CheckFailure("secretEnvironment", f"the secret for {key} (gpu-serving:hfToken) is empty or contains whitespace, "
                                               "a quote, a backslash, $ or a backtick; a token never does")
@@ -669,6 +666,7 @@ class ServiceProvider(ResourceProvider):
     def check(self, olds, news):
         # The restart line and the switch block (preview.py), said in the run the program says.
         preview.before_change(olds, news)
+        routed_guard.refuse(olds, news)  # another fleet's router sends this host requests: refused
         return CheckResult(news, [])
 
     def create(self, props):
@@ -827,6 +825,7 @@ class ServiceProvider(ResourceProvider):
             changed.append("readinessReport")  # a state left empty by an earlier version: record it once
         if olds.get("switchFailure"):
             changed.append("switchFailure")  # the last switch left nothing serving: try it again
+        changed += ["router"] if isinstance(news.get("router"), dict) and news["router"].get("rejoin") else []  # put back (roll.py)
         moved = _moved(olds, news)
         if moved:
             # Said at the diff, so the preview says it before anything happens.

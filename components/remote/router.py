@@ -168,6 +168,12 @@ def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who:
     r = props["router"]
     admin = RouterAdmin(r)
     url = r["workerUrl"]
+    # The roll was planned never to take the last server out (core/roll.py); checked again at the
+    # host's turn, since servers may have gone since the plan read them.
+    now = R.serving(admin.workers())
+    if [w.url for w in now] == [url]:
+        raise RollError(f"{who}the roll stops before taking {url} out of the router: it is the only server the router "
+                        "sends requests to now (the others left it or became unhealthy since the roll was planned)")
     progress(f"{who}roll: taking {url} out of the router")
     _take_out(admin, url)
     failure: Optional[BaseException] = None

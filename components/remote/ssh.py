@@ -25,6 +25,7 @@ import copy
 import functools
 import hashlib
 import io
+import logging
 import os
 import posixpath
 import secrets
@@ -64,6 +65,11 @@ def _lazy_import(name: str):
 # that loaded invoke already keeps it.
 sys.modules.setdefault("invoke", None)
 paramiko = _lazy_import("paramiko")
+# paramiko's transport thread logs a connection it gives up (a host that sends no SSH banner) with
+# its traceback, which lands on the provider's stderr and so in the engine's output (issue 36.12);
+# the caller gets the same failure as one line (Unreachable). No handler: nothing of it is printed.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 # Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
 # No attempt starts later than 2 x connectTimeout after the first, so an unreachable host fails
@@ -304,7 +310,9 @@ def _connect(t: Target) -> paramiko.SSHClient:
             if pause is None or time.monotonic() - start + pause >= 2 * t.connect_timeout:
                 break
             time.sleep(pause)
-    raise Unreachable(f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
+    # A fleet's entry first (`hosts[gpu3]: `), as the providers' own errors name it.
+    raise Unreachable(f"{t.entry + ': ' if t.entry.startswith('hosts[') else ''}"
+                      f"cannot reach {t.label} over SSH after {attempts} attempt(s) in {time.monotonic() - start:.0f} s "
                       f"({type(last).__name__}: {last or 'no answer'}); is the host up and sshd listening?")
 
 

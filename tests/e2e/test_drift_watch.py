@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -115,10 +116,45 @@ def test_a_deployed_stack_is_clean(d, state_dir):
     assert tp8["state"] == "clean" and tp8["drifted"] == [] and tp8["serving_here"], tp8
     assert tp8["ready"] is True and tp8["host_serving"]["stack"] == "tp8"
     assert ep8["state"] == "not deployed" and not ep8["superseded"], ep8
-    assert lines == [], lines
+    # Nothing changed but the first recommendation (issue 42: logged when it changes).
+    assert [ln for ln in lines if not ln.startswith("watch: recommended: ")] == [], lines
     assert metric(prom, "gpu_serving_drifted_resources", "tp8") == 0
     assert metric(prom, "gpu_serving_ready", "tp8") == 1
     assert abs(float(re.search(r"^gpu_serving_last_check_timestamp_seconds (\S+)$", prom, re.M).group(1)) - time.time()) < 600
+
+
+def test_the_tick_reads_the_servers_load_recommends_and_rewrites_the_prometheus_targets(d, state_dir):
+    """Issue 42: the serving host's /metrics read over SSH each tick, kept as a window in status.json,
+    the recommendation with its numbers (logged when it changes, in gpu-serving.prom), and the
+    stack's Prometheus target file rewritten in the state directory."""
+    before = json.loads((state_dir / "status.json").read_text())["traffic"]
+    body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 200}}).encode()
+    url = f"http://{d.host.address}:30001/generate"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    threads = [threading.Thread(target=lambda: opener.open(urllib.request.Request(
+        url, data=body, headers={"Content-Type": "application/json"}), timeout=120).read()) for _ in range(3)]
+    for th in threads:
+        th.start()
+    try:
+        doc, lines, prom = watch_once(d, state_dir)
+    finally:
+        for th in threads:
+            th.join(120)
+    group = next(g for g in doc["traffic"]["groups"] if g["stack"] == "tp8")
+    host = entry(doc, "tp8")["host"]
+    assert group["hosts"] == [host] and not group["errors"], group
+    sample = group["samples"][host]
+    assert sample["requests"] is not None and sample["generation_tokens"] is not None, sample
+    # Two ticks of samples: the window has both, the second with the tick's length.
+    assert len(group["window"]) == len(next(g for g in before["groups"] if g["stack"] == "tp8")["window"]) + 1
+    assert group["window"][-1]["seconds"] and group["window"][-1]["hosts"] == 1
+    rec = group["recommendation"]
+    assert rec["current"] == "tp8" and rec["action"] in ("stay", "switch") and rec["figures"], rec
+    assert {f["stack"] for f in rec["figures"]} >= {"tp8", "ep8"}
+    assert re.search(rf'^gpu_serving_recommended_strategy{{stack="{rec["recommended"]}",host="{re.escape(host)}",'
+                     rf'serving="tp8"}} 1$', prom, re.M), prom
+    targets = json.loads((state_dir / "prometheus" / "targets" / "tp8.json").read_text())
+    assert targets == [{"targets": [f"{d.host.address}:30001"], "labels": {"role": "server", "host": host}}]
 
 
 def test_a_hand_edit_is_reported_naming_stack_host_file_and_line_and_the_watch_writes_nothing(d, state_dir, webhook):

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from components.core import router as R
+from components.core import scrape
 from components.core.config import parse_settings
 from components.remote import router as remote_router
 from components.remote import ssh
 from components.remote.installers import PythonVenvProvider
 from components.router import install_props
 from rehearsal import engine_wheel
+from tests.prometheus_support import Prometheus
 
 pytestmark = pytest.mark.rehearsal
 
@@ -125,3 +127,37 @@ def test_admin_api_lists_removes_drains_and_adds_back(router_host):
     assert results == [200, 200, 200]  # removal let the requests in flight finish
     back = admin.add(worker, 180)
     assert R.judge_router([worker], back).ready
+
+
+def test_a_real_prometheus_scrapes_the_engine_and_the_router(router_host, tmp_path):
+    """Debian's Prometheus on loopback, with the configuration and target files gpu-serving writes
+    (components/core/scrape.py), scrapes the engine's SGLang /metrics and smg's metrics port."""
+    h, settings, _, worker = router_host
+    targets, notes = scrape.targets_of(settings, {"gpu1": h.address})
+    assert not notes and [(t.role, t.endpoint) for t in targets] == [
+        ("server", f"{h.address}:{ENGINE_PORT}"), ("router", f"{h.address}:{settings.router.metrics_port}")]
+    folder = tmp_path / "prometheus"
+    (folder / "targets").mkdir(parents=True)
+    # Two stacks of one fleet list the same server and router: Prometheus scrapes each once.
+    for stack in ("tp8", "pp8"):
+        (folder / "targets" / f"{stack}.json").write_text(scrape.render_targets(targets))
+    (folder / "prometheus.yml").write_text(scrape.render_config(str(folder / "targets"), watch_exporter=None,
+                                                                scrape_interval="1s"))
+    body = b'{"model": "kimi-k2.6", "prompt": "hi", "max_tokens": 4}'
+    req = urllib.request.Request(R.worker_url(h.address, settings.router.port) + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=60) as r:
+        assert r.status == 200
+    prometheus = Prometheus(folder / "prometheus.yml", tmp_path)
+    try:
+        prometheus.wait_ready()
+        served = prometheus.wait_series('sglang:num_running_reqs{role="server"}')
+        assert served, prometheus.log()[-2000:]
+        assert {s["metric"]["instance"] for s in served} == {f"{h.address}:{ENGINE_PORT}"}
+        assert served[0]["metric"]["host"] == "rehearsal:gpu1" and served[0]["metric"]["entry"] == "gpu1"
+        routed = prometheus.wait_series('smg_router_requests_total{role="router"}')
+        assert routed and sum(float(s["value"][1]) for s in routed) >= 1, prometheus.log()[-2000:]
+        assert sorted(t["labels"]["role"] for t in prometheus.targets()) == ["router", "server"]
+        assert all(t["health"] == "up" for t in prometheus.targets()), prometheus.targets()
+    finally:
+        assert prometheus.stop() == 0

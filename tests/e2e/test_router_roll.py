@@ -314,6 +314,81 @@ def test_status_and_the_watch_say_a_host_the_router_left_out(fleet, tmp_path):
     assert routed(d, worker)
 
 
+def serving_urls(fleet) -> list[str]:
+    return sorted(w["url"] for w in router_workers(fleet) if w["is_healthy"] and w["status"] == "ready")
+
+
+def wait_all_routed(fleet, timeout: float = 120) -> None:
+    """Until the router sends requests to every host again (smg's health check finds a server back)."""
+    want = sorted(f"http://{h.address}:30001" for h in fleet.hosts.values())
+    deadline = time.monotonic() + timeout
+    while serving_urls(fleet) != want:
+        assert time.monotonic() < deadline, router_workers(fleet)
+        time.sleep(1)
+
+
+def refused(run) -> str:
+    """The output of a preview or up that must fail (the engine's CommandError)."""
+    lines: list[str] = []
+    with pytest.raises(auto.CommandError):
+        run(lines.append)
+    text = "\n".join(lines)
+    assert "Traceback" not in text and "Resource monitor" not in text, text[-4000:]
+    return text
+
+
+def fleet_of(fleet, entries: dict) -> None:
+    """gpu-serving:hosts as {name: rehearsal host name}."""
+    def edit(config):
+        config["gpu-serving:hosts"] = {"value": [{"name": n, "rehearsal": r} for n, r in entries.items()]}
+    fleet.edit_project(edit)
+
+
+def all_hosts(fleet) -> dict:
+    return {n: h.name for n, h in fleet.hosts.items()}
+
+
+def test_a_host_whose_address_is_not_known_stops_the_run_before_anything_changes(fleet):
+    """Issue 36.6: with gpu3's rehearsal host stopped, `up` took its stand-in name for a fleet change:
+    the router's unit rewritten with http://rehearsal-<name>:30001, gpu3 ejected, a batch rolled.
+    Now the preview and the up stop, naming the entry, and nothing changes."""
+    gpu1 = fleet.hosts["gpu1"]
+    unit = gpu1.run("cat /etc/systemd/system/gpu-serving-router.service").stdout
+    fleet_of(fleet, {**all_hosts(fleet), "gpu3": "pt-not-booted"})
+    try:
+        for run in (lambda out: stack(fleet, "pp8").preview(on_output=out), lambda out: stack(fleet, "pp8").up(on_output=out)):
+            text = refused(run)
+            assert "nothing was changed: hosts[gpu3]: the rehearsal host 'pt-not-booted' is not running" in text, text[-3000:]
+            assert "rehearsal-pt-not-booted" not in text and "roll: taking" not in text, text[-3000:]
+    finally:
+        fleet_of(fleet, all_hosts(fleet))
+    assert gpu1.run("cat /etc/systemd/system/gpu-serving-router.service").stdout == unit
+    assert len(serving_urls(fleet)) == 3
+
+
+def test_a_host_that_does_not_answer_stops_the_roll_before_any_host_leaves_the_router(fleet):
+    """Issue 36.5 and 36.12: gpu3 unreachable (its link down: no route, as to a dead box; the router
+    may go on calling it healthy). The roll to pp8 used to take gpu1 out first and fail with full
+    Python tracebacks. Now the preview and the up refuse in one line naming hosts[gpu3], before any
+    host leaves the router: gpu1 and gpu2 keep serving tp8 through it."""
+    gpu3 = fleet.hosts["gpu3"]
+    subprocess.run(["ip", "link", "set", f"gsr-{gpu3.name}", "down"], check=True)
+    try:
+        for run in (lambda out: stack(fleet, "pp8").preview(on_output=out), lambda out: stack(fleet, "pp8").up(on_output=out)):
+            text = refused(run)
+            assert (f"nothing was changed: hosts[gpu3] (http://{gpu3.address}:30001): cannot reach root@{gpu3.address}:22 over "
+                    "SSH") in text, text[-3000:]
+            assert "roll: taking" not in text, text[-3000:]
+        for name in ("gpu1", "gpu2"):
+            h = fleet.hosts[name]
+            assert f"http://{h.address}:30001" in serving_urls(fleet)
+            assert h.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() == "active", name
+            assert h.run("systemctl is-active sglang-kimi-k2.6-pp8.service").stdout.strip() != "active", name
+    finally:
+        subprocess.run(["ip", "link", "set", f"gsr-{gpu3.name}", "up"], check=True)
+    wait_all_routed(fleet)
+
+
 ROLL_ORDER = "switch in this order: rolling switch to"
 
 
@@ -435,3 +510,81 @@ def test_a_host_leaves_and_rejoins_the_fleet_without_a_router_restart_or_a_faile
         ("gpu1", "tp8 pp1 dp1"), ("gpu2", "tp8 pp1 dp1"), ("gpu3", "tp8 pp1 dp1")]
     assert gpu3.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() == "active"
     assert router_pid() == pid
+
+
+def test_a_host_that_rejoins_during_a_switch_switches_first_and_two_keep_serving(fleet):
+    """Issue 36.5: gpu3 listed again in the same `up` as a switch, serving nothing: the roll took gpu1
+    out while gpu3 was not yet in the router (1 of 3 served). Now gpu3, out of service, switches
+    first, then gpu1 and gpu2 one at a time: two hosts serve at every sample, no request fails."""
+    fleet_of(fleet, {"gpu1": fleet.hosts["gpu1"].name, "gpu2": fleet.hosts["gpu2"].name})
+    try:
+        stack(fleet, "tp8").up()
+    finally:
+        fleet_of(fleet, all_hosts(fleet))
+    assert fleet.hosts["gpu3"].run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() != "active"
+    preview: list[str] = []
+    stack(fleet, "pp8").preview(on_output=preview.append)
+    assert (f"{ROLL_ORDER} pp8 behind the router {fleet.router_url}, 1 at a time: [gpu3] -> [gpu1] -> [gpu2]; first, "
+            "together, the hosts out of service now (gpu3: serves nothing)") in "\n".join(preview), "\n".join(preview)[-3000:]
+    lines: list[str] = []
+    with Load(fleet) as load:
+        result = stack(fleet, "pp8").up(on_output=lines.append)
+    text = "\n".join(lines)
+    assert load.failed == [], load.failed[:10]
+    assert min(load.samples) >= 2, load.samples
+    order = [text.index(f"hosts[{n}]: roll: taking") for n in ("gpu3", "gpu1", "gpu2")]
+    assert order == sorted(order), text[-4000:]
+    assert sorted(w["strategy"] for w in result.outputs["router"].value["workers"]) == ["tp1 pp8 dp1"] * 3
+
+
+def test_a_host_leaving_in_the_same_run_as_a_switch_counts_against_max_unavailable(fleet):
+    """Issue 36.5: gpu3 taken out of the fleet in the same run as a switch: the router drops it before
+    the first batch, so the roll would leave 1 of 3 serving. Refused, naming it, before anything changes."""
+    fleet_of(fleet, {"gpu1": fleet.hosts["gpu1"].name, "gpu2": fleet.hosts["gpu2"].name})
+    try:
+        text = refused(lambda out: stack(fleet, "tp8").preview(on_output=out))
+    finally:
+        fleet_of(fleet, all_hosts(fleet))
+    assert (f"http://{fleet.hosts['gpu3'].address}:30001 (leaves the fleet in this run while the router routes to it) counts "
+            "against gpu-serving:rollout.maxUnavailable (1): with hosts[gpu1] taken out as well, 2 would be out") in text, text[-3000:]
+
+
+def test_after_a_partial_roll_the_order_names_only_the_hosts_that_switch(fleet):
+    """Issue 36.10: gpu1 and gpu2 already serve tp8 (here by hand, as after a roll that stopped at
+    gpu3): the preview names [gpu3] alone, and the up rolls gpu3 alone."""
+    for name in ("gpu1", "gpu2"):
+        fleet.hosts[name].run("systemctl stop sglang-kimi-k2.6-pp8.service && systemctl start sglang-kimi-k2.6-tp8.service",
+                              check=True, timeout=120)
+    wait_all_routed(fleet)
+    preview: list[str] = []
+    stack(fleet, "tp8").preview(on_output=preview.append)
+    text = "\n".join(preview)
+    assert f"{ROLL_ORDER} tp8 behind the router {fleet.router_url}, 1 at a time: [gpu3]; unchanged: gpu1, gpu2" in text, text[-3000:]
+    assert "[gpu1]" not in text and "[gpu2]" not in text
+    lines: list[str] = []
+    with Load(fleet) as load:
+        result = stack(fleet, "tp8").up(on_output=lines.append)
+    text = "\n".join(lines)
+    assert load.failed == [], load.failed[:10]
+    assert "hosts[gpu3]: roll: taking" in text and "hosts[gpu1]: roll:" not in text and "hosts[gpu2]: roll:" not in text
+    # (The router's labels of gpu1 and gpu2 are still pp8's: smg reads them when a worker is added,
+    # and the hand switch did not re-add them.)
+    assert {n: r["layout"]["tp_size"] for n, r in result.outputs["readiness"].value.items()} == {"gpu1": 8, "gpu2": 8, "gpu3": 8}
+    assert result.outputs["router"].value["status"] == "ready"
+
+
+def test_a_one_host_stack_may_not_switch_a_fleet_member(fleet, tmp_path_factory):
+    """Issue 36.7: the one-host `ep8` stack (scripts/deploy's default) switched a host that serves as a
+    routed member of this fleet, with no drain and no warning. Its preview and its up are refused,
+    naming the unit, the fleet's stack and the router, before anything stops: gpu2 still serves tp8
+    through the router."""
+    gpu2 = fleet.hosts["gpu2"]
+    one = make_deployment(tmp_path_factory.mktemp("one-host"), gpu2)
+    for run in (lambda out: one.stack("ep8").preview(on_output=out), lambda out: one.stack("ep8").up(on_output=out)):
+        text = refused(run)
+        assert ("the switch to sglang-kimi-k2.6-ep8.service is refused before anything stops: sglang-kimi-k2.6-tp8.service "
+                f"(stack tp8) serves on {gpu2.address} as a member of a fleet behind SGLang's router gpu-serving-router:30080"
+                in text), text[-3000:]
+    assert gpu2.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() == "active"
+    assert gpu2.run("systemctl is-active sglang-kimi-k2.6-ep8.service").stdout.strip() != "active"
+    assert f"http://{gpu2.address}:30001" in serving_urls(fleet)
