@@ -236,7 +236,7 @@ def test_the_facts_commands_run_at_once_and_answer_as_if_in_turn(tmp_path, varia
 # Keys the parsers read that are not systemd properties: SERVING_SCRIPT's own lines (Stack=,
 # Cmdline=, Environ=), /etc/os-release's ID, and a journal entry's MESSAGE (`journalctl -o json`,
 # read by core/start_phases.py).
-NOT_PROPERTIES = {"Stack", "Cmdline", "Environ", "ID", "MESSAGE"}
+NOT_PROPERTIES = {"Stack", "RoutedBy", "Cmdline", "Environ", "ID", "MESSAGE"}
 
 
 def test_every_unit_read_asks_for_the_one_list():
