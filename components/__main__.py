@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -129,9 +130,9 @@ def _print_switch(before: ServingPlan, after: ServingPlan) -> None:
 
 
 def _status(args) -> int:
-    """Exit 0: the serving stack's files (and its process's command line) are as declared, or
-    nothing serves (a rehearsal host that is not booted serves nothing); 1: they drifted; 2: bad
-    settings, or a host that could not be read."""
+    """The exit status says what a probe asks (core/status_verdict.py): 0 every host read serves,
+    ready and as declared; 1 the serving stack drifted; 2 bad settings, or a host not read; 3
+    nothing serves on a host; 4 a host serves but is not ready (or not in its router)."""
     # Here, not at the top: `plan` and `switch` never connect, and need not load the SSH side.
     from .core.status import render_status
     from .remote.status import project_status
@@ -145,9 +146,7 @@ def _status(args) -> int:
         print()
     else:
         print(render_status(doc))
-    if doc["drift"]:
-        return 1
-    return 2 if doc["unreachable"] else 0
+    return doc["exit"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     rh.add_argument("--stack", required=True)
     rh.add_argument("--project-dir", default=".", type=Path)
     st = sub.add_parser("status", help="what serves on the hosts now, read over SSH: unit, stack, layout, uptime, "
-                                       "readiness, and whether each stack's files drifted (exit 1: the serving stack drifted)")
+                                       "readiness, and whether each stack's files drifted (exit 0 serving, ready, as declared; 1 drift; "
+                                       "2 not read; 3 nothing serves; 4 not ready)")
     st.add_argument("--stack", help="only this stack's hosts and files (default: every stack of the project)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--project-dir", default=".", type=Path)
@@ -279,5 +279,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# The exit status of a command whose reader went away (`status | head -3`): a C tool killed by
+# SIGPIPE reports 128 + 13 to the shell, and so does this one, without a traceback.
+BROKEN_PIPE_EXIT = 141
+
+
+def run(argv: list[str] | None = None) -> int:
+    """`main`, with its output cut short quietly when the reader closes the pipe (Python's
+    default is a BrokenPipeError traceback, and another when the interpreter flushes stdout at
+    exit)."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Whatever is still buffered must not be flushed at exit into the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return BROKEN_PIPE_EXIT
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

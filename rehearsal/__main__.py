@@ -26,6 +26,32 @@ def _print_info(info: host.HostInfo, as_json: bool) -> None:
         print(f"{'ssh':<{width}}  python -m rehearsal ssh {info.name} [command...]")
 
 
+def _down_names(args) -> list[str] | None:
+    """The hosts `down` removes: the ones named, or with --all every one on this machine, after
+    a yes (asked on a terminal, or --yes). None: refused (said on stderr), nothing removed."""
+    if args.all and args.name:
+        print("rehearsal: error: down takes host names or --all, not both", file=sys.stderr)
+        return None
+    if not args.all:
+        if not args.name:
+            print("rehearsal: error: down removes a host completely: name it (`python -m rehearsal down NAME`; "
+                  "`python -m rehearsal list` shows them), or --all for every host on this machine", file=sys.stderr)
+            return None
+        return list(args.name)
+    names = [i.name for i in host.list_hosts()]
+    if not names or args.yes:
+        return names
+    question = f"remove every rehearsal host on this machine ({len(names)}: {', '.join(names)})? [y/N] "
+    if not sys.stdin.isatty():
+        print(f"rehearsal: error: --all would remove {len(names)} host(s) ({', '.join(names)}), some perhaps "
+              "other people's: add --yes to do it without a terminal to ask on", file=sys.stderr)
+        return None
+    if input(question).strip().lower() not in ("y", "yes"):
+        print("rehearsal: nothing removed", file=sys.stderr)
+        return None
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rehearsal",
                                 description="Local rehearsal hosts: Debian bookworm, systemd "
@@ -47,8 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--timeout", type=float, default=120.0)
     sp.add_argument("--json", action="store_true")
 
-    sp = add("down", "power off and remove completely", name_nargs="*")
-    sp.add_argument("--all", action="store_true", help="every instance")
+    # No default name here: removing a host is never what a bare `down` should guess.
+    sp = sub.add_parser("down", help="power off and remove completely (name each host, or --all)")
+    sp.add_argument("name", nargs="*", help="instance name(s) to remove")
+    sp.add_argument("--all", action="store_true", help="every instance on this machine (asks first; --yes to skip)")
+    sp.add_argument("--yes", action="store_true", help="with --all: do not ask")
     sp.add_argument("--timeout", type=float, default=30.0)
 
     sp = add("stop", "power off cleanly, keep the disk (up boots it again)")
@@ -94,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             _print_info(host.up(args.name, profile=args.profile, model=args.model,
                                 index=args.index, timeout=args.timeout), args.json)
         elif args.verb == "down":
-            names = [i.name for i in host.list_hosts()] if args.all else \
-                (args.name if isinstance(args.name, list) and args.name
-                 else [host.DEFAULT_NAME])
+            names = _down_names(args)
+            if names is None:
+                return 2
             for n in names:
                 host.down(n, timeout=args.timeout)
                 print(f"{n}: down")
@@ -142,5 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run(argv: list[str] | None = None) -> int:
+    """`main`, its output cut short quietly when the reader closes the pipe (`list | head -1`):
+    no BrokenPipeError traceback, the exit status of a tool killed by SIGPIPE (128 + 13)."""
+    try:
+        code = main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -236,7 +236,7 @@ def test_the_facts_commands_run_at_once_and_answer_as_if_in_turn(tmp_path, varia
 # Keys the parsers read that are not systemd properties: SERVING_SCRIPT's own lines (Stack=,
 # Cmdline=, Environ=), /etc/os-release's ID, and a journal entry's MESSAGE (`journalctl -o json`,
 # read by core/start_phases.py).
-NOT_PROPERTIES = {"Stack", "Cmdline", "Environ", "ID", "MESSAGE"}
+NOT_PROPERTIES = {"Stack", "RoutedBy", "Cmdline", "Environ", "ID", "MESSAGE"}
 
 
 def test_every_unit_read_asks_for_the_one_list():
@@ -251,7 +251,10 @@ def test_every_unit_read_asks_for_the_one_list():
         single = [re.search(r"-p (\w+) --value", line) for line in lines if "--value" in line]
         assert all(m and m.group(1) in facts.UNIT_PROPERTIES for m in single), name
         asks = [line for line in lines if "--value" not in line]
-        assert asks and all(facts.SHOW_OPTIONS + " --" in line for line in asks), name
+        # The unit's environment (dropins.py) is the one other list, asked on its own line.
+        assert asks and all(facts.SHOW_OPTIONS + " --" in line or facts.ENVIRONMENT_SHOW_OPTIONS + " --" in line
+                            for line in asks), name
+        assert any(facts.SHOW_OPTIONS + " --" in line for line in asks), name
     assert reads.unit_states(["u.service"])["argv"] == ["systemctl", "show", *facts.show_options(), "--", "u.service"]
 
 

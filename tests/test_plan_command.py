@@ -170,6 +170,10 @@ def test_status_of_a_rehearsal_host_that_is_not_booted_is_nothing_serves(tmp_pat
     assert first["serving"] is None and first["stacks"][0]["state"] == "not on this host"
     text = run_status("--project-dir", str(tmp_path)).stdout
     assert "  down      the rehearsal host 'status-test-a' is not running" in text and "not read" not in text, text
+    # As a probe of that stack (issue 36.14): nothing serves where it should, exit 3.
+    out = run_status("--project-dir", str(tmp_path), "--stack", "bad")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "nothing serves on rehearsal:status-test-a, rehearsal:plan-test-b" in out.stdout, out.stdout
 
     # A real host without a pinned host key cannot be read: that is still exit 2, and named.
     write_project(tmp_path, MULTI_NODE.format(first="address: 192.0.2.10"))

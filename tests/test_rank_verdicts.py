@@ -19,3 +19,21 @@ def test_rank_case(name, case):
 def test_a_rank_is_never_judged_by_http():
     # The verdict takes no HTTP answer of a rank >= 1 at all: its fields are unit state and journal.
     assert set(R.RankState.__dataclass_fields__) == {"rank", "host", "problem", "joined"}
+
+
+def test_a_rank_that_has_not_joined_is_named_while_rank_0_loads():
+    # Issue 36.9: named at the first look, not after rank 0's deadline; one that stopped before
+    # joining ends the wait (rank 0 can never be ready without it).
+    note, pointless = R.ranks_waited_for(["rank 1 on node1 (10.213.1.2)"], [])
+    assert note.startswith("waiting for rank 1 on node1 (10.213.1.2) to join") and R.JOINED_LINE in note
+    assert pointless is None
+    note, pointless = R.ranks_waited_for(["rank 1 on node1 (a)"], ["rank 2 on node2 (b): its unit is failed (exit-code, exit status 1)"])
+    assert "rank 2 on node2 (b)" in note and "rank 1" not in note
+    assert pointless == "rank 2 on node2 (b): its unit is failed (exit-code, exit status 1), before it joined rank 0"
+    assert R.ranks_waited_for([], []) == ("every rank joined", None)
+
+
+def test_status_judges_a_running_rank_by_its_journal_not_its_http_answer():
+    assert R.rank_now(1, 2, joined=True) == (R.READY, "")
+    status, reason = R.rank_now(1, 2, joined=False)
+    assert status == R.LOADING and "rank 1 of 2 has not joined rank 0" in reason and R.JOINED_LINE in reason

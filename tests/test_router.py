@@ -143,3 +143,53 @@ def test_the_hook_says_it_for_a_planned_switch_only_with_secret_inputs_unwrapped
     assert said == []
     asyncio.run(call(serving, "h2"))
     assert said == ["rolling switch"]
+
+
+@pytest.mark.parametrize("case", sorted(DATA.glob("workers-*.json")), ids=lambda p: p.stem)
+def test_whether_the_router_routes_to_each_host(case):
+    # Issue 36.9: status and the watch say each host's membership (an interrupted roll can leave
+    # a ready host out of the router).
+    doc = json.loads(case.read_text())
+    workers = R.parse_workers(json.dumps(doc["answer"]))
+    for url, routed in doc["membership"].items():
+        said = R.membership(url, workers, "http://10.213.5.9:30080")
+        assert said["in_router"] is routed, (url, said)
+        assert "http://10.213.5.9:30080" in said["text"] and url in said["text"]
+    assert R.membership("http://a:1", None, "http://r:2", "timed out") == {
+        "in_router": None, "text": "the router at http://r:2 was not read: timed out"}
+
+
+def test_the_workers_are_read_with_the_key_the_router_keeps_in_its_file(tmp_path):
+    """WORKERS_ON_HOST_SCRIPT as it runs on the router's host: the key from the 0600 file the
+    provider writes (its secret line quoted), sent as the bearer; the key on no command line."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    key = "status-reads-the-key-0123456789"
+    seen: list[str] = []
+
+    class Router(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization", ""))
+            ok = self.headers.get("Authorization") == f"Bearer {key}"
+            body = json.dumps({"workers": [], "total": 0} if ok else {"error": "unauthorized"}).encode()
+            self.send_response(200 if ok else 401)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = HTTPServer(("127.0.0.1", 0), Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env_file = tmp_path / "router.env"
+        env_file.write_text(R.render_environment("x" * 16).splitlines()[0] + f'\n{R.KEY_VARIABLE}="gpu-serving:gpu-serving:admin:{key}"\n')
+        argv = ["sh", "-c", R.WORKERS_ON_HOST_SCRIPT, "sh", str(env_file), f"http://127.0.0.1:{server.server_address[1]}/workers",
+                sys.executable, R.HTTP_SCRIPT]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert R.parse_http(done.stdout) == (200, '{"workers": [], "total": 0}'), done.stdout + done.stderr
+    assert seen == [f"Bearer {key}"] and key not in " ".join(argv)

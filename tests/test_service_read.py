@@ -106,3 +106,25 @@ def test_another_strategy_enabled_beside_the_serving_one_is_drift_of_the_serving
     stopped = both.replace("ActiveState=active", "ActiveState=inactive").replace("SubState=running", "SubState=dead")
     quiet, _ = _read(monkeypatch, case["props"], stopped)
     assert "othersEnabled" not in quiet.outs
+
+
+def test_a_vendor_drop_in_is_drift_that_names_it_and_the_variable_it_adds(monkeypatch):
+    # Issue 36.8: a package's /usr/lib/systemd/system/<unit>.d/*.conf (recorded on a rehearsal
+    # host, tests/data/dropins/) is read by the refresh: the drop-in with its settings and the
+    # variable that reaches the server, until it is removed (an up does not delete it).
+    recorded = json.loads((Path(__file__).parent / "data" / "dropins" / "vendor-drop-in-for-this-unit-under-usr-lib.json").read_text())
+    case = _case("unit-file-deleted-while-it-runs")
+    props = {**case["props"], "unit": recorded["unit"], "environment": recorded["declared"]}
+    result, _ = _read(monkeypatch, props, recorded["stdout"])
+    path = f"/usr/lib/systemd/system/{recorded['unit']}.d/50-vendor.conf"
+    assert [line.split(" ")[0] for line in result.outs["foreignDropIns"]] == [path]
+    assert "NCCL_DEBUG=INFO" in result.outs["foreignDropIns"][0] and "LimitNOFILE=4096" in result.outs["foreignDropIns"][0]
+    assert result.outs["effectiveEnvironment"] == [f"NCCL_DEBUG=INFO set by {path}, not declared"]
+    declared = {**{k: v for k, v in props.items() if k not in ("previous", "readinessReport", "runningServer")},
+                "active": False, "enabled": result.outs["enabled"], "connection": TARGET}  # recorded stopped
+    assert providers.ServiceProvider().diff("id", result.outs, declared).changes is True
+    # Removed: no key left, nothing to update.
+    clean = json.loads((Path(__file__).parent / "data" / "dropins" / "clean-unit-without-drop-ins.json").read_text())
+    again, _ = _read(monkeypatch, result.outs, clean["stdout"])
+    assert "foreignDropIns" not in again.outs and "effectiveEnvironment" not in again.outs
+    assert providers.ServiceProvider().diff("id", again.outs, declared).changes is False

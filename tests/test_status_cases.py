@@ -89,3 +89,11 @@ def test_what_serves_lists_each_units_own_drop_ins():
     host = S.parse_serving(stdout)
     assert host.unit("sglang-kimi-k2.6-tp8.service").drop_ins == [own]
     assert all(u.drop_ins == [] for u in S.parse_serving(case["stdout"]).units)
+
+
+BOOT_CASES = [(n, c) for n, c in cases("status") if "boot" in c]
+
+
+@pytest.mark.parametrize("name,case", BOOT_CASES, ids=[n for n, _ in BOOT_CASES])
+def test_what_a_reboot_would_start_when_it_is_not_what_serves(name, case):
+    assert S.boot_disagreement(S.parse_serving(case["stdout"])) == case["boot"]

@@ -169,3 +169,23 @@ def test_the_readme_edit_line_is_what_the_watch_says_for_the_projects_ep8_unit()
                              "new": {"path": f"/etc/systemd/system/{plan.unit.name}", "content": plan.unit.text}})
     line = f"watch: edited: stack ep8 on 10.0.0.5: {W.describe(item)}"
     assert line in (project / "README.md").read_text()
+
+
+def test_a_host_out_of_the_router_is_a_gauge_of_its_own():
+    doc, found = run_ticks(dict(CASES)["host-left-out-of-the-router"])[1]
+    text = W.render_prometheus(doc)
+    assert 'gpu_serving_in_router{stack="tp8",host="10.0.0.1:22"} 0' in text
+    assert 'gpu_serving_in_router{stack="tp8",host="10.0.0.2:22"} 1' in text
+    assert [c["kind"] for c in found] == ["router"]
+    # A stack without a router has no such sample.
+    alone, _ = run_ticks(dict(CASES)["edit-then-repaired"])[-1]
+    assert "gpu_serving_in_router{" not in W.render_prometheus(alone)
+
+
+def test_a_readiness_nobody_read_is_unknown_never_none():
+    before = run_ticks(dict(CASES)["first-tick-records-then-one-alert-per-file"])[1][0]
+    now = json.loads(json.dumps(before))
+    entry = next(h for s in now["stacks"] if s["stack"] == "ep8" for h in s["hosts"])
+    entry["readiness"] = None
+    lines = [c["line"] for c in W.changes(before, now)]
+    assert lines == ["readiness: stack ep8 on 10.213.3.2: ready -> unknown"], lines

@@ -38,7 +38,7 @@ from .autoswitch import AutoswitchSettings
 from .errors import ConfigError, SettingError, secret_kind, shown
 from .fitness_baseline import check_policy as check_fitness_policy
 from .profiles import PROFILES
-from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, breaks_secret_line
+from .rules import ENV_KEY, NAMESPACE, ROUTER_KEY, breaks_secret_line, credential_name
 from .rules import rx as _rx
 
 
@@ -239,10 +239,8 @@ def _bind(value: str) -> str:
 SYSTEM_DIRS = {"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib64", "/opt", "/proc", "/root", "/run",
                "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local", "/usr/local/bin",
                "/usr/sbin", "/var", "/var/lib"}
-# Environment keys that hold credentials: those come only as Pulumi secrets (gpu-serving:hfToken),
-# never as plain config that would sit in the state and the preview in clear text.
-SECRET_ENV_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS")
-SECRET_ENV_SUFFIXES = ("_API_KEY", "_ACCESS_KEY", "_PRIVATE_KEY", "_SECRET_KEY")
+# Environment keys that hold credentials (rules.credential_name) come only as Pulumi secrets
+# (gpu-serving:hfToken), never as plain config that would sit in the state and the preview in clear text.
 # Flags whose value is a credential (--api-key, --admin-api-key, --hf-token, ...).
 SECRET_FLAG_PARTS = ("token", "secret", "password", "passwd", "credentials")
 SECRET_FLAG_SUFFIXES = ("api-key", "access-key", "private-key", "secret-key")
@@ -271,8 +269,7 @@ def _env_key(key: str) -> str:
     _bounded(key, MAX_ENV_KEY, "variable name")
     if not ENV_KEY.fullmatch(key):
         raise ValueError(f"{shown(key)} is not a valid variable name (letters, digits, _; not starting with a digit)")
-    parts = key.upper().split("_")
-    if any(p in SECRET_ENV_PARTS for p in parts) or key.upper().endswith(SECRET_ENV_SUFFIXES):
+    if credential_name(key):
         raise ValueError(f"{key} looks like a credential: plain settings end up in clear text in the state and the "
                          f"preview; {SECRET_HOWTO}")
     return key

@@ -125,6 +125,10 @@ UNIT_PROPERTIES = (
 )
 # The options that ask for them, for a script (`systemctl show $SHOW_OPTIONS -- unit...`).
 SHOW_OPTIONS = " ".join(f"-p {p}" for p in UNIT_PROPERTIES)
+# The unit's environment as systemd holds it (dropins.py parses it), asked apart from the list:
+# EnvironmentFiles repeats its key, a line per file, which parse_systemctl_show would not keep.
+ENVIRONMENT_PROPERTIES = ("Environment", "EnvironmentFiles", "UnsetEnvironment", "PassEnvironment")
+ENVIRONMENT_SHOW_OPTIONS = " ".join(f"-p {p}" for p in ENVIRONMENT_PROPERTIES)
 
 
 def show_options() -> list[str]:

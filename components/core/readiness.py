@@ -393,6 +393,28 @@ def rank_problem(baseline: UnitState, now: UnitState) -> Optional[str]:
     return None
 
 
+def rank_now(rank: int, nnodes: int, joined: bool) -> tuple[str, str]:
+    """One look at a running rank >= 1 (`status`, the drift watch), judged as a switch judges it:
+    by its unit (it runs: the caller looked) and its journal, never by its HTTP answer (a dummy
+    server's 200). (status, reason)."""
+    if joined:
+        return READY, ""
+    return LOADING, (f"rank {rank} of {nnodes} has not joined rank 0 yet: no '{JOINED_LINE}' in its journal since its "
+                     "unit started")
+
+
+def ranks_waited_for(waiting: list[str], gone: list[str]) -> tuple[str, Optional[str]]:
+    """While rank 0 loads, the ranks >= 1 that have not joined it, named at once rather than at
+    rank 0's deadline: (the note its progress line carries, why waiting longer is pointless: a
+    rank that stopped before joining, so rank 0 can never be ready). `waiting`: "rank k on
+    <host>" still running; `gone`: the same with the problem (`rank_problem`)."""
+    if gone:
+        return f"rank(s) that stopped before joining: {'; '.join(gone)}", f"{'; '.join(gone)}, before it joined rank 0"
+    if waiting:
+        return f"waiting for {', '.join(waiting)} to join (no '{JOINED_LINE}' in its journal yet)", None
+    return "every rank joined", None
+
+
 @dataclass(frozen=True)
 class RankState:
     """A rank >= 1 after rank 0's verdict: `problem` from `rank_problem`, `joined` from its journal."""

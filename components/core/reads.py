@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import cuda, status, venv
-from .facts import FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
+from .facts import ENVIRONMENT_SHOW_OPTIONS, FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
 from .unit import MANAGED_UNITS_GREP, UNIT_DIR
 
 if TYPE_CHECKING:
@@ -100,8 +100,9 @@ fi
 
 # $1 unit: its state (UNIT_PROPERTIES, as `unit_states`), then what its main process runs, taken
 # from the same MainPID: /proc/<pid>/cmdline and /proc/<pid>/environ (NUL-separated, so base64),
-# the service manager's own environment (what systemd gives every service), and the other
-# gpu-serving units that are enabled (a reboot would start them too: only one may be).
+# the service manager's own environment (what systemd gives every service), the environment
+# systemd holds for the unit and the part of it its file sets, each drop-in's text (dropins.py),
+# and the other gpu-serving units that are enabled (a reboot would start them too: only one may be).
 SERVICE_SCRIPT = r"""
 show=$(systemctl show """ + SHOW_OPTIONS + r""" -- "$1") || exit $?
 printf '%s\n' "$show"
@@ -112,6 +113,11 @@ echo @@environ
 if [ "${pid:-0}" -gt 0 ] 2>/dev/null; then base64 -w0 "/proc/$pid/environ" 2>/dev/null; fi; echo
 echo @@manager
 systemctl show-environment 2>/dev/null || true
+echo @@unit-environment
+systemctl show """ + ENVIRONMENT_SHOW_OPTIONS + r""" -- "$1" 2>/dev/null
+echo @@unit-file-environment
+grep -E '^(Environment|EnvironmentFile|UnsetEnvironment|PassEnvironment)=' -- '""" + UNIT_DIR + r"""'/"$1" 2>/dev/null
+for p in $(printf '%s\n' "$show" | sed -n 's/^DropInPaths=//p'); do echo "@@drop-in $p"; head -c 16384 -- "$p" 2>/dev/null; echo; done
 echo @@others-enabled
 cd """ + UNIT_DIR + r""" 2>/dev/null || exit 0
 for f in $(""" + MANAGED_UNITS_GREP + r"""); do
@@ -199,6 +205,25 @@ def service(props: dict) -> list[dict]:
     """ServiceProvider: the unit's state and what its main process runs (SERVICE_SCRIPT)."""
     return [command(["sh", "-c", SERVICE_SCRIPT, "sh", props["unit"]], purpose=f"reading the state of {props['unit']}",
                     timeout=30, check=True)]
+
+
+# $1 unit, $2 the line a rank logs once it joined the world: the unit's state, then how often its
+# current run (its InvocationID: the journal of this start only, however long ago) logged the line.
+RANK_SCRIPT = r"""
+systemctl show """ + SHOW_OPTIONS + r""" -- "$1"
+echo @@joined
+id=$(systemctl show -p InvocationID --value -- "$1" 2>/dev/null)
+if [ -z "$id" ]; then echo 0; exit 0; fi
+n=$(journalctl -q --no-pager -o cat "_SYSTEMD_INVOCATION_ID=$id" 2>/dev/null | grep -c -F -- "$2")
+echo "${n:-0}"
+"""
+
+
+def rank(unit: str, line: str) -> dict:
+    """A rank >= 1 of a multi-node layout: its unit's state and whether its current run joined
+    rank 0 (RANK_SCRIPT), for a switch's wait and for `status`."""
+    return command(["sh", "-c", RANK_SCRIPT, "sh", unit, line], purpose=f"reading whether {unit} joined rank 0",
+                   timeout=60, check=False)
 
 
 def readiness(props: dict) -> list[dict]:

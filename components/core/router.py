@@ -238,6 +238,31 @@ def judge_router(expected: list[str], workers: Optional[list[Worker]], error: st
     return RouterVerdict(True, f"the router routes to all {len(expected)} server(s)")
 
 
+# $1 the router's environment file (its key, 0600), $2 the admin URL, $3 a python, $4 HTTP_SCRIPT:
+# GET /workers with the key read on the router's own host, so it never leaves it (status and the
+# drift watch need no secret of the stack).
+WORKERS_ON_HOST_SCRIPT = r"""
+key=$(sed -n 's/^""" + KEY_VARIABLE + r"""="\{0,1\}[^:]*:[^:]*:admin:\([^"]*\)"\{0,1\}$/\1/p' "$1" 2>/dev/null | head -n 1)
+printf '%s\n' "$key" | "$3" -c "$4" GET "$2"
+"""
+
+
+def membership(url: str, workers: Optional[list[Worker]], router: str, error: str = "") -> dict[str, Any]:
+    """Whether the router at `router` routes to the server at `url` now: {in_router (None: the
+    router was not read), text}. An interrupted roll can leave a ready server out of the router."""
+    if workers is None:
+        return {"in_router": None, "text": f"the router at {router} was not read: {error or 'no answer'}"}
+    mine = [w for w in workers if w.url == url]
+    if serving(mine):
+        return {"in_router": True, "text": f"in the router at {router}, healthy ({url})"}
+    if mine:
+        w = mine[0]
+        return {"in_router": False, "text": f"the router at {router} lists {url} as {w.status or 'unknown'}"
+                                            f"{'' if w.healthy else ', unhealthy'}: it routes nothing to it"}
+    listed = ", ".join(w.url for w in workers) or "no worker"
+    return {"in_router": False, "text": f"not in the router at {router}: it routes nothing to {url} (it lists {listed})"}
+
+
 # ---------------------------------------------------------------------------------------------
 # In flight on a server (SGLang's Prometheus text, --enable-metrics)
 

@@ -21,6 +21,17 @@ def rx(body: str) -> re.Pattern:
 ENV_KEY = rx(r"[A-Za-z_][A-Za-z0-9_]*")
 # The router's admin key: smg reads --control-plane-api-keys as 'id:name:role:key'.
 ROUTER_KEY = rx(r"[A-Za-z0-9._~+/=-]{16,256}")
+# Variable names that hold credentials: those come only as Pulumi secrets, never as plain settings
+# (config.py refuses them), and a value under such a name is never shown (the drift watch, status).
+SECRET_ENV_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS")
+SECRET_ENV_SUFFIXES = ("_API_KEY", "_ACCESS_KEY", "_PRIVATE_KEY", "_SECRET_KEY")
+
+
+def credential_name(key: str) -> bool:
+    """A variable named like a credential (HF_TOKEN, AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY)."""
+    return any(p in SECRET_ENV_PARTS for p in key.upper().split("_")) or key.upper().endswith(SECRET_ENV_SUFFIXES)
+
+
 # Characters that would end or extend a secret's KEY="value" line in the environment file.
 SECRET_FORBIDDEN = "\n\r\0\"\\$`'"
 

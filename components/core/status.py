@@ -81,6 +81,13 @@ class HostUnit:
     def layout(self) -> dict[str, Any]:
         return layout_of_argv(self.argv)
 
+    @property
+    def node_rank(self) -> tuple[int, int]:
+        """(its rank, the number of nodes) in a multi-node layout; (0, 1) on one node."""
+        flags = dict(flag_groups(self.argv))
+        rank, nnodes = flags.get("--node-rank", "0"), flags.get("--nnodes", "1")
+        return (int(rank) if rank.isdigit() else 0), (int(nnodes) if nnodes.isdigit() else 1)
+
     def as_dict(self) -> dict[str, Any]:
         return {"unit": self.name, "stack": self.stack, "active_state": self.active_state, "sub_state": self.sub_state,
                 "enabled": self.enabled, "main_pid": self.main_pid, "since": self.since,
@@ -204,6 +211,33 @@ def superseded_by(unit: str, host: HostServing) -> Optional[str]:
     return f"{SUPERSEDED}{u.name} ({_stack_of(u)}) serves since {u.since or 'an unknown time'}"
 
 
+BOOT_DISAGREES = "enabled/active disagree with what serves: a reboot would start "
+
+
+def boot_disagreement(host: HostServing) -> Optional[str]:
+    """What a reboot would start, when it is not what serves now (an interrupted switch leaves the
+    new unit running but not enabled, the old one stopped but enabled; a hand `systemctl enable`
+    of a second strategy): `enabled/active disagree with what serves: a reboot would start <unit>
+    ...`. None when exactly the unit that serves is enabled, or nothing serves."""
+    serving = host.serving
+    if not serving:
+        return None
+    now = serving[0]
+    enabled = [u for u in host.units if u.enabled]
+    if [u.name for u in enabled] == [now.name]:
+        return None
+    if not enabled:
+        starts = "nothing"
+    else:
+        starts = " and ".join(f"{u.name} ({_stack_of(u)})" for u in enabled)
+        if len(enabled) > 1:
+            starts += " together (either could end up serving)"
+    fix = f"`pulumi up --stack {now.stack}` enables it and disables the others" if now.stack else \
+        "an up of the stack that serves enables it and disables the others"
+    return (f"{BOOT_DISAGREES}{starts}, while {now.name} ({_stack_of(now)}) serves"
+            + (", not enabled" if not now.enabled else "") + f": {fix}")
+
+
 def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict],
                     declared: Optional[str] = None, removed: bool = False) -> Optional[str]:
     """What a destroy's preview says when the stack's unit serves (its `active` output, as the
@@ -314,8 +348,13 @@ def render_status(doc: dict[str, Any]) -> str:
             if r.get("reason"):
                 text += f": {r['reason']}"
             out.append(f"  readiness {text} (now, {r.get('probe', '/health_generate')} from the host)")
+        router = h.get("router")
+        if router:
+            out.append(f"  router    {router['text']}")
         for other in h.get("also_running", []):
             out.append(f"  warning   also running: {other['unit']} (stack {other['stack']})")
+        if h.get("boot"):
+            out.append(f"  warning   {h['boot']}")
         for s in h["stacks"]:
             mark = "*" if serving and s["unit"] == serving["unit"] else " "
             state = s.get("state", "not on this host")

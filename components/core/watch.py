@@ -10,10 +10,12 @@ edited" (a file or the running server of a stack differs from its declaration).
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from typing import Any, Iterable, Optional
 
-from .errors import ConfigError, SettingError
+from .errors import ConfigError, SettingError, secret_kind
+from .rules import credential_name
 
 # Steps of a preview that mean the host is not as declared ("same", "refresh", "read" do not).
 DRIFT_OPS = ("update", "replace", "create", "delete")
@@ -64,15 +66,28 @@ def parse_stacks(text: str, known: Iterable[str]) -> list[str]:
 # --- one resource's drift --------------------------------------------------------------------
 
 def _short(value: Any) -> str:
-    text = value if isinstance(value, str) else repr(value)
+    # Values as the settings and the state spell them (true, false, null), never Python's words.
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
     text = text.replace("\n", "\\n")
     return text if len(text) <= SHORT else text[: SHORT - 3] + "..."
 
 
-def _hides_values(inputs: dict) -> bool:
-    """A file that may hold secrets (an environment file): its lines are named by variable only."""
+def _may_hold_secrets(inputs: dict) -> bool:
+    """A file that may hold secrets (an environment file): a value of its that looks like one is
+    not shown (`shown_assignment`)."""
     path = str(inputs.get("path", ""))
     return "secretEnvironment" in inputs or path.endswith(".env")
+
+
+def shown_assignment(line: str) -> str:
+    """An environment file's `KEY=value` line as `preview --diff` shows it (the file's plain part is
+    an ordinary input there), but for a value that looks like a credential, by its name
+    (rules.credential_name: HF_TOKEN, ..._API_KEY) or its form (errors.secret_kind): named only.
+    The stack's own secrets never reach here: the file's provider reads them out of `content`."""
+    key, sep, value = line.partition("=")
+    if sep and (credential_name(key.strip()) or secret_kind(value)):
+        return key + "=(value not shown)"
+    return _short(line)
 
 
 def _common_prefix(a: str, b: str) -> str:
@@ -82,17 +97,17 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def line_changes(declared: str, on_host: str, *, hide_values: bool = False) -> list[str]:
+def line_changes(declared: str, on_host: str, *, may_hold_secrets: bool = False) -> list[str]:
     """How the host's file differs from the declared one, by line number of the file on the host."""
     a, b = declared.splitlines(), on_host.splitlines()
     out = []
 
     def show(line: str) -> str:
         line = line.strip()  # a continuation line's indent says nothing
-        return line.partition("=")[0] + "=(value not shown)" if hide_values and "=" in line else _short(line)
+        return shown_assignment(line) if may_hold_secrets else _short(line)
 
     def pair(on_host: str, declared: str) -> str:
-        if hide_values or (len(on_host) <= SHORT and len(declared) <= SHORT):
+        if may_hold_secrets or (len(on_host) <= SHORT and len(declared) <= SHORT):
             return f"{show(on_host)} (declared: {show(declared)})"
         # A long line (ExecStart): from a little before the first difference.
         start = max(0, len(_common_prefix(on_host, declared)) - 30)
@@ -128,9 +143,12 @@ def resource_drift(step: dict) -> dict:
     lines: list[str] = []
     for k in keys:
         if k == "content" and isinstance(old.get(k), str) and isinstance(new.get(k), str):
-            lines += line_changes(new[k], old[k], hide_values=_hides_values(new))
+            lines += line_changes(new[k], old[k], may_hold_secrets=_may_hold_secrets(new))
         elif k in HIDDEN_KEYS:
             lines.append(f"{k}: differs (values not shown)")
+        elif k == "runningServer" and k in old:
+            # The running server's words already say what differs from the declaration.
+            lines.append(f"runningServer: {_short(old[k])}")
         elif k != "content":
             lines.append(f"{k}: {_short(old.get(k, '(not set)'))} on the host, declared {_short(new.get(k, '(not set)'))}")
     if step["op"] == "create" and not old:
@@ -200,6 +218,8 @@ def tick_document(results: list[dict], status: dict, *, checked_at: str, checked
                               "serving_here": serving_here, "superseded": superseded and not error,
                               "host_serving": None if error else serving,
                               "readiness": readiness, "ready": None if error else (readiness == "ready"),
+                              # Whether the fleet's router routes to the host (None: no router, or not read).
+                              "router": None if error else h.get("router"),
                               "error": error, "last_check": checked_at})
         if not hosts and r.get("error"):
             errors += 1
@@ -225,15 +245,35 @@ def _serving_text(s: Optional[dict]) -> str:
     return f"{s['unit']} (stack {s['stack'] or 'unknown'})" if s else "nothing"
 
 
+def _stacks_text(stacks: list[str]) -> str:
+    return f"stack {stacks[0]}" if len(stacks) == 1 else "stacks " + ", ".join(stacks)
+
+
 def changes(before: Optional[dict], now: dict) -> list[dict]:
-    """What changed since the previous tick (none: everything not clean is new), one entry per
-    change: kind (switched, edited, clean, unreachable, reachable, readiness), stack, host, line."""
+    """What changed since the previous tick, one entry per change: kind (switched, edited, clean,
+    unreachable, reachable, readiness, router), stack (the first of `stacks`), stacks, host, line.
+    The first tick (`before` None) only records: what it finds is the state the next tick compares
+    with, not a change. One edit is one entry per host and file, however many stacks declare the
+    file (the shared environment file belongs to every strategy stack of the model)."""
+    if before is None:
+        return []
     old, new = _entries(before), _entries(now)
     out: list[dict] = []
     seen_hosts: set[str] = set()
+    # A change several stacks see (one edit of a shared file, one host clean again): one entry,
+    # naming each stack, where the first stack met it.
+    grouped: dict[tuple, dict] = {}
 
     def add(kind: str, stack: Optional[str], host: str, line: str) -> None:
-        out.append({"kind": kind, "stack": stack, "host": host, "line": line})
+        out.append({"kind": kind, "stack": stack, "stacks": [stack] if stack else [], "host": host, "line": line})
+
+    def add_grouped(key: tuple, kind: str, stack: str, host: str, words) -> None:
+        entry = grouped.get(key)
+        if entry is None:
+            entry = grouped[key] = {"kind": kind, "stack": stack, "stacks": [], "host": host, "words": words}
+            out.append(entry)
+        if stack not in entry["stacks"]:
+            entry["stacks"].append(stack)
 
     for (stack, host), h in new.items():
         p = old.get((stack, host))
@@ -257,16 +297,29 @@ def changes(before: Optional[dict], now: dict) -> list[dict]:
         before_items = {_item_key(i) for i in (p or {}).get("drifted", [])}
         for item in h["drifted"]:
             if _item_key(item) not in before_items:
-                add("edited", stack, host, f"edited: stack {stack} on {host}: {describe(item)}")
+                where = item.get("file") or f"{stack}:{item['resource']}"
+                add_grouped(("edited", host, where, tuple(item["lines"])), "edited", stack, host,
+                            lambda stacks, item=item, host=host: f"edited: {_stacks_text(stacks)} on {host}: {describe(item)}")
         if not h["drifted"] and before_items:
-            add("clean", stack, host, f"clean: stack {stack} on {host}: no drift")
+            add_grouped(("clean", host), "clean", stack, host,
+                        lambda stacks, host=host: f"clean: {_stacks_text(stacks)} on {host}: no drift")
         if p is not None and not was_error and h["serving_here"] and p.get("serving_here") \
                 and p.get("readiness") != h["readiness"]:
-            add("readiness", stack, host, f"readiness: stack {stack} on {host}: {p.get('readiness')} -> {h['readiness']}")
+            add("readiness", stack, host, f"readiness: stack {stack} on {host}: {p.get('readiness') or 'unknown'} -> "
+                f"{h['readiness'] or 'unknown'}")
+        router, was = h.get("router"), (p or {}).get("router")
+        if p is not None and not was_error and router and (was or {}).get("in_router") != router.get("in_router") \
+                and ("router", host) not in grouped:
+            grouped[("router", host)] = {}
+            add("router", None, host, f"router: {host}: {router.get('text')}")
     for s in now.get("stacks", []):
         if s.get("error") and s["error"] != next((b.get("error") for b in (before or {}).get("stacks", [])
                                                   if b["stack"] == s["stack"]), None):
             add("unreachable", s["stack"], "", f"error: stack {s['stack']} not checked: {s['error']}")
+    for entry in out:
+        words = entry.pop("words", None)
+        if words is not None:
+            entry["line"] = words(entry["stacks"])
     return out
 
 
@@ -283,6 +336,7 @@ METRICS = (
     ("gpu_serving_serving", "gauge", "1 when this stack's unit serves on the host"),
     ("gpu_serving_ready", "gauge", "1 when this stack serves on the host and its readiness is ready"),
     ("gpu_serving_host_up", "gauge", "1 when the last check reached the host"),
+    ("gpu_serving_in_router", "gauge", "1 when the fleet's router routes to the host (only hosts behind a router it read)"),
 )
 
 
@@ -295,11 +349,14 @@ def render_prometheus(doc: dict) -> str:
         "gpu_serving_serving": lambda h: int(bool(h["serving_here"])),
         "gpu_serving_ready": lambda h: int(bool(h["ready"])),
         "gpu_serving_host_up": lambda h: int(not h["error"]),
+        "gpu_serving_in_router": lambda h: int(bool((h.get("router") or {}).get("in_router"))),
     }
     out = []
     for name, kind, help_text in METRICS:
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for stack, h in rows:
+            if name == "gpu_serving_in_router" and (h.get("router") or {}).get("in_router") is None:
+                continue
             out.append(f'{name}{{stack="{_label(stack)}",host="{_label(h["host"])}"}} {values[name](h)}')
     out += ["# HELP gpu_serving_last_check_timestamp_seconds When the last tick finished (Unix time)",
             "# TYPE gpu_serving_last_check_timestamp_seconds gauge",

@@ -33,6 +33,10 @@ from .common import stop_and_disable as _stop_and_disable
 from .providers import (ROLLBACK_FAILED, DeployError, RollbackFailed, ServiceProvider, _secrets, _take_replaced,
                         _without_last_reading)
 
+# How often a multi-node switch looks at the ranks >= 1 while rank 0 loads (one command per rank):
+# soon enough to name a rank that has not joined long before rank 0's deadline.
+RANK_LOOK_SECONDS = 5.0
+
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.
 REACH_SCRIPT = (
     "if command -v ip >/dev/null 2>&1; then r=$(ip route get \"$1\" 2>&1) || { echo \"no route: $r\"; exit 3; }; fi\n"
@@ -171,7 +175,8 @@ class MultiNodeServiceProvider(ServiceProvider):
         since0, base0 = started[0]
         report = probe.wait_ready(targets[0], unit, bind=props["bind"], port=int(props["port"]), declared=props["declared"],
                                   settings=props.get("readiness") or {}, since=since0, baseline=base0,
-                                  progress=lambda m: _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {m}", ephemeral=True))
+                                  progress=lambda m: _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {m}", ephemeral=True),
+                                  others=self._ranks_look(targets, nodes, unit, started))
         ranks = []
         for k in range(1, len(targets)):
             since, baseline = started[k]
@@ -184,6 +189,35 @@ class MultiNodeServiceProvider(ServiceProvider):
         if status != R.READY:
             self._fail_all(targets, nodes, plans, props, status, reason, culprit, started, report)
         return report.as_dict()
+
+    @staticmethod
+    def _ranks_look(targets, nodes, unit: str, started: dict):
+        """What rank 0's wait asks at each poll (probe.wait_ready's `others`): which ranks >= 1 have
+        not joined yet, looked at every RANK_LOOK_SECONDS at most and said when it changes; once all
+        joined, no more looks. Returns why waiting longer is pointless (None: it is not)."""
+        import time
+        last: dict[str, object] = {"at": None, "said": ("", None)}
+
+        def look() -> Optional[str]:
+            now = time.monotonic()
+            if last["said"][0] == "every rank joined" or (last["at"] is not None and now - last["at"] < RANK_LOOK_SECONDS):
+                return last["said"][1]
+            last["at"] = now
+            waiting, gone = [], []
+            for k in range(1, len(targets)):
+                state, joined = probe.rank_look(targets[k], unit)
+                if joined:
+                    continue
+                who = f"rank {k} on {nodes[k]['hostEntry']} ({targets[k].label})"
+                problem = R.rank_problem(started[k][1], state)
+                (gone if problem else waiting).append(f"{who}: {problem}" if problem else who)
+            said = R.ranks_waited_for(waiting, gone)
+            if said[0] != last["said"][0]:
+                # Kept among the run's lines (not a step of the wait): which rank holds rank 0 up.
+                _progress(f"hosts[{nodes[0]['hostEntry']}] rank 0: {said[0]}")
+            last["said"] = said
+            return said[1]
+        return look
 
     def _fail_all(self, targets, nodes, plans, props, status: str, reason: str, culprit: Optional[int], started: dict,
                   report: Optional[R.Report]):
@@ -227,7 +261,8 @@ class MultiNodeServiceProvider(ServiceProvider):
             if restored.get(i):
                 lines.append(f"{name}: put back as they were: {', '.join(restored[i])}.")
         where = f"{nodes[k]['hostEntry']} ({targets[k].label})"
-        message = ssh.redact(f"readiness: {status}: {reason}\n" + "\n".join(lines)
+        # Named by the rank that explains it (not by rank 0's entry, which the run would put first).
+        message = ssh.redact(f"hosts[{nodes[k]['hostEntry']}]: readiness: {status}: {reason}\n" + "\n".join(lines)
                              + f"\nLast lines of journalctl -u {unit} on {where}:\n{journal}", _secrets(props))
         if failed:
             # As on one host: nothing serves, so the service records it and FailedSwitch fails the run.
@@ -282,7 +317,7 @@ class MultiNodeServiceProvider(ServiceProvider):
         """The ranks as one service: active and enabled when every rank is, and what they run."""
         together = {"active": all(v and v["active"] for _, v in lives), "enabled": all(v and v["enabled"] for _, v in lives),
                     "runningServer": cls._ranks_running(lives)}
-        for key in ("dropIns", "othersEnabled"):
+        for key in ("dropIns", "othersEnabled", "foreignDropIns", "effectiveEnvironment"):
             said = [f"{node['hostEntry']}:{item}" for node, v in lives if v for item in v.get(key, [])]
             if said:
                 together[key] = said

@@ -169,6 +169,14 @@ def start(t: ssh.Target, unit: str, verb: str = "start", before=()) -> tuple[int
     return int(float(head.strip().splitlines()[0])), R.UnitState.from_show(props)
 
 
+def rank_look(t: ssh.Target, unit: str) -> tuple[R.UnitState, bool]:
+    """A rank >= 1 now: its unit's state, and whether its current run joined rank 0 (its journal)."""
+    s = split_sections("@@unit\n" + ssh.fetch(t, reads.rank(unit, R.JOINED_LINE)).stdout)
+    joined = s.get("joined", "0").strip()
+    return (R.UnitState.from_show(next(iter(parse_systemctl_show(s.get("unit", "")).values()), {})),
+            joined.isdigit() and int(joined) > 0)
+
+
 def _body(section: str) -> tuple[int, Optional[dict]]:
     text = section.rstrip("\n")
     body, _, code = text.rpartition("\n")
@@ -211,9 +219,12 @@ def now_iso() -> str:
 
 
 def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict[str, Any], settings: dict[str, float],
-               since: Optional[int], baseline: R.UnitState, progress: Callable[[str], None]) -> R.Report:
+               since: Optional[int], baseline: R.UnitState, progress: Callable[[str], None],
+               others: Optional[Callable[[], Optional[str]]] = None) -> R.Report:
     """Poll until a verdict; returns the report (status is one of readiness.OUTCOMES).
-    `since` None: the journal is not read (waiting for a server someone else started)."""
+    `since` None: the journal is not read (waiting for a server someone else started). `others`:
+    asked at each poll while it loads, whether what else it waits for (a multi-node layout's
+    ranks) makes waiting longer pointless: the reason, and the wait ends, timed out."""
     address = probe_address(bind)
     url = f"http://{address}:{port}"
     start = time.monotonic()
@@ -241,6 +252,10 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
             ready_logged_at = elapsed
         verdict = R.judge(baseline, obs, deadline, ever_healthy,
                           None if ready_logged_at is None else ready_logged_at + gen_timeout)
+        pointless = others() if others is not None and verdict.outcome is None else None
+        if pointless:
+            verdict = R.Verdict(R.TIMED_OUT, verdict.phase, f"still {verdict.phase} after {elapsed:.0f} s; stopped waiting: "
+                                                           f"{pointless}")
         if verdict.phase != last_phase or verdict.outcome:
             progress(f"{unit}: {verdict.phase} ({elapsed:.0f} s)")
             last_phase = verdict.phase

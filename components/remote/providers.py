@@ -31,7 +31,7 @@ from pulumi.dynamic import (
 )
 
 from ..core import readiness as R
-from ..core import reads, switch
+from ..core import dropins, reads, switch
 from ..core import status as S
 from ..core.rules import breaks_secret_line
 from ..core.facts import (
@@ -77,7 +77,7 @@ def _foreign_owner(t: ssh.Target, owner: Optional[str]) -> bool:
 
 # Outputs a read adds only when there is something to say (a state without them reads as before):
 # each read says them anew.
-READ_ONLY_WHEN_SO = ("dropIns", "othersEnabled", "owner")
+READ_ONLY_WHEN_SO = ("dropIns", "othersEnabled", "owner", "foreignDropIns", "effectiveEnvironment")
 
 
 def _without_last_reading(props: dict) -> dict:
@@ -208,7 +208,7 @@ def _who(props: dict) -> str:
 def _named(props: dict, exc: Exception) -> Exception:
     """`exc` with its message prefixed by the host entry (a fleet), same type."""
     who = _who(props)
-    if not who or str(exc).startswith(who):
+    if not who or str(exc).startswith((who, "hosts[")):  # already names its host (a multi-node rank)
         return exc
     return type(exc)(who + str(exc))
 
@@ -696,6 +696,8 @@ class ServiceProvider(ResourceProvider):
         restart = switch.why_restart(olds, news, lambda: self._running_now(news))
         if switch.runs_an_edit(olds):
             _progress(f"{_who(news)}{news['unit']}: restarting: {olds['runningServer']}")
+        for line in olds.get("foreignDropIns") or []:
+            _progress(f"{_who(news)}warning: {news['unit']}: {dropins.STAYS}{line}")
         try:
             outs = self._start(news, restart=restart is not None)
         except RollbackFailed as exc:
@@ -768,6 +770,9 @@ class ServiceProvider(ResourceProvider):
         drop_ins = switch.own_drop_ins(props["unit"], state.get("DropInPaths", ""))
         if drop_ins:
             live["dropIns"] = drop_ins
+        # Every other drop-in systemd applies (a package's under /usr/lib) and the environment it
+        # would start with: drift an up does not remove (dropins.py).
+        live.update(dropins.live_fields(props, state.get("DropInPaths", ""), sections, lambda x: ssh.redact(x, _secrets(props))))
         # Another strategy enabled by hand beside the one that serves: a reboot would start both
         # and either could end up serving. Said by the serving unit only (the others' stacks are
         # superseded anyway); its up disables them, as a switch does.

@@ -11,14 +11,18 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
+from ..core import dropins
 from ..core import readiness as R
 from ..core import reads
 from ..core import status as S
 from ..core.errors import ConfigError
+from ..core.facts import parse_systemctl_show, split_sections
 from ..core.plan import CheckedStack, ServingPlan, check_stack, declared_layout
 from ..core.stack_config import from_files, stack_names
+from ..core.status_verdict import summarize
 from ..core.unit import UNIT_DIR
 from . import probe, ssh
+from .status_router import add_memberships
 
 
 class StatusError(Exception):
@@ -74,8 +78,21 @@ def connection(settings, stack: str, project_dir: Path, checked: CheckedStack) -
             "hostKey": h.host_key, **timeouts}
 
 
+def _rank_readiness(t: ssh.Target, unit: S.HostUnit, rank: int, nnodes: int) -> dict:
+    """A rank >= 1 of a multi-node layout: its unit runs (the caller saw it serve) and its journal
+    says whether it joined rank 0, as a switch judges it (readiness.rank_now); its HTTP answer is
+    a dummy server's and proves nothing."""
+    _, joined = probe.rank_look(t, unit.name)
+    status, reason = R.rank_now(rank, nnodes, joined)
+    return {"status": status, "reason": reason, "unit": unit.name, "rank": rank, "checked_at": probe.now_iso(),
+            "probe": f"its unit and journal: rank {rank} of {nnodes}, rank 0 answers for the world"}
+
+
 def _readiness(t: ssh.Target, unit: S.HostUnit, declared: dict) -> dict:
     """One look at the serving unit, as a refresh takes it (the same read and report builder)."""
+    rank, nnodes = unit.node_rank
+    if rank:
+        return _rank_readiness(t, unit, rank, nnodes)
     layout = unit.layout
     bind = str(layout.get("host", "0.0.0.0"))
     port = int(layout.get("port", 30000)) if str(layout.get("port", "")).isdigit() else 30000
@@ -113,6 +130,18 @@ def _stack_files(t: ssh.Target, plan: ServingPlan, secrets: list[str]) -> list[s
     return drift
 
 
+def _systemd_changes(t: ssh.Target, plan: ServingPlan, secrets: list[str]) -> list[str]:
+    """What systemd applies to the unit beyond its file, from the drift check's own read and
+    words (core/dropins.py): other drop-ins, and the environment they make."""
+    request, = reads.service({"unit": plan.unit.name})
+    head, _, rest = ssh.fetch(t, request).stdout.partition("\n@@cmdline\n")
+    state = next(iter(parse_systemctl_show(head).values()), {})
+    hidden = frozenset(SECRET_VARIABLES[s] for s in secrets if s in SECRET_VARIABLES)
+    foreign, environment = dropins.read_changes(plan.unit.name, state.get("DropInPaths", ""), split_sections("@@cmdline\n" + rest),
+                                                declared=plan.environment, hidden=hidden)
+    return [f"drop-in {line}" for line in foreign] + [f"environment: {line}" for line in environment]
+
+
 def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, ServingPlan, list[str]]]) -> dict:
     """One host: what serves, its readiness now, each stack's files. `stacks`: (stack, its plan for
     this host, its secret settings)."""
@@ -123,21 +152,27 @@ def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, Ser
     doc: dict[str, Any] = {"host": target, "entry": entry, "serving": None, "readiness": None, "also_running": [],
                            "stacks": []}
     plans = {plan.unit.name: (stack, plan) for stack, plan, _ in stacks}
+    boot = S.boot_disagreement(host)
     if serving:
         u = serving[0]
         doc["serving"] = u.as_dict()
         owner = plans.get(u.name)
         doc["readiness"] = _readiness(t, u, declared_layout(owner[1]) if owner else {})
         doc["also_running"] = [o.as_dict() for o in serving[1:]]
+        doc["boot"] = boot
     for stack, plan, secrets in stacks:
         on_host = host.unit(plan.unit.name)
         drift = _stack_files(t, plan, secrets)
         if on_host is not None and on_host.drop_ins:
             drift.append("drop-ins (hand edits of the unit; an up removes them): " + ", ".join(on_host.drop_ins))
+        if on_host is not None:
+            drift += _systemd_changes(t, plan, secrets)
         if on_host is not None and on_host.serving and on_host.argv:
             running = R.compare_running(plan.unit.exec_start, {}, {}, on_host.argv, {}, {})
             if running:
                 drift.append("running server: " + "; ".join(running))
+        if boot and serving and serving[0].name == plan.unit.name:
+            drift.append(boot)
         state = "not on this host" if on_host is None else (
             f"{on_host.active_state}" + (", enabled" if on_host.enabled else ", disabled"))
         doc["stacks"].append({"stack": stack, "unit": plan.unit.name, "state": state, "drift": drift,
@@ -150,9 +185,13 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
     `host_status`. Settings errors raise ConfigError; a host that cannot be reached is reported in its entry."""
     names = [only] if only else list(stacks) if stacks else stack_names(project_dir)
     hosts: dict[str, dict] = {}
+    # A multi-node layout names rank 0's address: a running rehearsal host's, as the program
+    # renders it (without it, every rank's unit would read as drift).
+    addresses = ssh.rehearsal_addresses()
+    routers: dict[tuple, dict] = {}
     for stack in names:
         try:
-            checked = check_stack(stack, from_files(project_dir, stack), project_dir)
+            checked = check_stack(stack, from_files(project_dir, stack), project_dir, addresses)
         except ConfigError:
             if only:
                 raise
@@ -169,8 +208,11 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
                     slot["down"] = str(exc)
                 except (StatusError, OSError) as exc:
                     slot["error"] = str(exc)
+        if checked.settings.router is not None:
+            _declare_router(routers, checked, stack, project_dir)
     docs = []
-    for slot in hosts.values():
+    by_machine: dict[str, dict] = {}
+    for key, slot in hosts.items():
         if slot["down"] is not None:
             # Not booted: the stacks that name it are simply not deployed there (not "not read").
             docs.append({"host": slot["target"], "entry": slot["entry"], "down": slot["down"], "serving": None,
@@ -184,12 +226,25 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
             docs.append(host_status(slot["conn"], slot["entry"], slot["target"], slot["stacks"]))
         except ssh.RemoteError as exc:
             docs.append({"host": slot["target"], "entry": slot["entry"], "error": str(exc), "stacks": []})
-    drift = [f"{d['host']}: {s['stack']}" for d in docs for s in d.get("stacks", []) if s["serving"] and s["drift"]]
-    unreachable = [d["host"] for d in docs if d.get("error")]
-    summary = ("drift on the serving stack: " + ", ".join(drift)) if drift else "the serving stack's files are as declared"
-    down = [d["host"] for d in docs if d.get("down")]
-    if unreachable:
-        summary += "; not read: " + ", ".join(unreachable)
-    if down:
-        summary += "; not booted (nothing serves there): " + ", ".join(down)
-    return {"hosts": docs, "drift": bool(drift), "unreachable": unreachable, "down": down, "summary": summary}
+        by_machine[key] = docs[-1]
+    add_memberships(routers, lambda machine: (hosts.get(machine) or {}).get("conn"), by_machine)
+    return summarize(docs, asked_for_a_stack=bool(only))
+
+
+def _declare_router(routers: dict[tuple, dict], checked: CheckedStack, stack: str, project_dir: Path) -> None:
+    """The fleet's router, once however many strategy stacks declare it, with the hosts behind it."""
+    settings = checked.settings
+    r = settings.router
+    places = dict(settings.per_host())
+    runs_on = places[r.runs_on].host.machine if r.runs_on and r.runs_on in places else None
+    key = (runs_on or (r.host.machine if r.host else ""), r.port)
+    router = routers.setdefault(key, {"settings": settings, "conn": None, "runs_on": runs_on, "members": []})
+    if runs_on is None and router["conn"] is None and r.host is not None:
+        try:
+            router["conn"] = connection(settings.model_copy(update={"host": r.host, "hosts": ()}), stack, project_dir, checked)
+        except (StatusError, OSError):
+            return  # a router machine of its own that cannot be reached: no membership is said
+    for (_, plan), (_, s) in zip(checked.plans, settings.per_host()):
+        member = (s.host.machine, plan.settings.serving.port)
+        if member not in router["members"]:
+            router["members"].append(member)

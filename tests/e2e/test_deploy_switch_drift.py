@@ -173,6 +173,37 @@ def test_a_drop_in_that_never_ran_is_removed_without_a_restart(deployment):
     d.stack("ep8").preview(refresh=True, expect_no_changes=True)
 
 
+def test_a_vendor_drop_in_is_drift_in_the_check_and_in_status_and_the_up_says_it_stays(deployment):
+    """Issue 36.8: a package's /usr/lib/systemd/system/<unit>.d/*.conf that changes the unit's
+    environment (the cause of a crash in a fleet run) is seen by the drift check and by `status`,
+    with the variable it adds to the environment systemd would start the unit with. It is not
+    gpu-serving's to delete: the up says it stays; removed, the check is clean again."""
+    d = deployment
+    unit = UNIT.format("ep8")
+    vendor = f"/usr/lib/systemd/system/{unit}.d/50-vendor.conf"
+    d.sh(f"mkdir -p /usr/lib/systemd/system/{unit}.d && printf '[Service]\\nEnvironment=NCCL_DEBUG=INFO\\n' > {vendor}"
+         " && systemctl daemon-reload")
+    try:
+        lines: list[str] = []
+        with pytest.raises(auto.CommandError) as info:
+            d.stack("ep8").preview(refresh=True, expect_no_changes=True, diff=True, on_output=lines.append)
+        text = "\n".join(lines) + str(info.value)
+        assert "foreignDropIns" in text and vendor in text and "Environment=NCCL_DEBUG=INFO" in text, text[-3000:]
+        assert f"NCCL_DEBUG=INFO set by {vendor}, not declared" in text, text[-3000:]
+        done = d.components("status", "--stack", "ep8", timeout=300)
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"drop-in {vendor} sets Environment=NCCL_DEBUG=INFO (for this unit;" in done.stdout, done.stdout
+        assert f"environment: NCCL_DEBUG=INFO set by {vendor}" in done.stdout, done.stdout
+        said: list[str] = []
+        result = d.stack("ep8").up(on_output=said.append)
+        assert "a drop-in gpu-serving did not write stays" in "\n".join(said) + result.stderr, "\n".join(said)[-3000:]
+        assert d.sh(f"test -e {vendor} && echo kept || echo gone").strip() == "kept"
+    finally:
+        d.sh(f"rm -rf /usr/lib/systemd/system/{unit}.d && systemctl daemon-reload")
+    d.stack("ep8").preview(refresh=True, expect_no_changes=True)
+    assert d.components("status", "--stack", "ep8", timeout=300).returncode == 0
+
+
 def test_the_environment_file_given_to_another_user_is_drift_and_given_back(deployment):
     # chown: the file keeps its mode (0600) and its text, but another user may now read the
     # secrets in it. Drift (the file's owner), in the preview and in status; the up gives it back.

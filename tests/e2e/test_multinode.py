@@ -72,14 +72,22 @@ def test_a_rank_that_never_joins_times_out_naming_it_and_both_nodes_serve_as_bef
     # The fault on rank 1 only: a drop-in on node1 (serving.environment would reach both nodes).
     node1.run(f"mkdir -p {DROP_IN} && printf '[Service]\\nEnvironment=REHEARSAL_FAULT=never_join\\n' > {DROP_IN}/fault.conf",
               check=True)
+    lines: list[str] = []
     try:
         with pytest.raises(auto.CommandError) as info:
-            nodes.stack("tp16x2").up(on_output=print)
+            nodes.stack("tp16x2").up(on_output=lines.append)
     finally:
         node1.run(f"rm -rf {DROP_IN} && systemctl daemon-reload", check=True)
     text = str(info.value)
     assert "readiness: timed_out: rank 1 on node1" in text and "did not join" in text, text[-3000:]
     assert "journalctl -u " + UNIT.format("tp16x2") + " on node1" in text, text[-3000:]
+    # Issue 36.9: named while rank 0 still loads (its progress line), not only at its deadline;
+    # the failure is named by node1, the rank that explains it, not by rank 0's node0.
+    said = "\n".join(lines) + text
+    waiting = f"waiting for rank 1 on node1 (root@{node1.address}:{node1.port}) to join"
+    assert waiting in said, said[-3000:]
+    assert said.index(waiting) < said.index("did not join"), said[-3000:]
+    assert "hosts[node1]: readiness: timed_out" in text and "hosts[node0]: readiness" not in text, text[-3000:]
     for host in (node0, node1):
         assert active(host, "tp8") == "active" and active(host, "tp16x2") != "active"
 
@@ -99,6 +107,24 @@ def test_tp16_across_two_nodes_is_ready_with_the_world_confirmed_on_rank_0(nodes
     assert (info["tp_size"], info["nnodes"], info["node_rank"]) == (16, 2, 0), info
     for host in (node0, node1):
         assert active(host, "tp16x2") == "active" and active(host, "tp8") == "inactive"
+
+
+def test_status_right_after_the_multi_node_deploy_sees_no_drift_and_judges_rank_1_by_its_journal(nodes):
+    """Issue 36.9: `status` renders each rank's unit with rank 0's address as the program does
+    (no false drift), and judges rank 1 as the switch does, by its unit and journal: its HTTP
+    answer is a dummy server's (before: layout_mismatch)."""
+    done = nodes.components("status", "--stack", "tp16x2", "--json", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    hosts = {h["entry"]: h for h in doc["hosts"]}
+    assert set(hosts) == {"node0", "node1"}, doc
+    for name, h in hosts.items():
+        assert h["serving"]["unit"] == UNIT.format("tp16x2") and h["stacks"][0]["drift"] == [], h
+        assert h["readiness"]["status"] == "ready", h
+    assert hosts["node0"]["readiness"]["layout"]["tp_size"] == 16
+    assert hosts["node1"]["readiness"]["probe"].startswith("its unit and journal: rank 1 of 2"), hosts["node1"]
+    text = nodes.components("status", "--stack", "tp16x2", timeout=300).stdout
+    assert "layout_mismatch" not in text and "DRIFT" not in text, text
 
 
 def test_drift_on_rank_1s_unit_is_repaired_there_only(nodes):

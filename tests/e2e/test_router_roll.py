@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -258,6 +259,59 @@ def test_up_deploys_the_router_in_front_of_every_host(fleet):
     assert KEY not in fleet.hosts["gpu1"].run("cat /etc/systemd/system/gpu-serving-router.service").stdout
     assert fleet.hosts["gpu1"].run("stat -c %a /etc/gpu-serving/gpu-serving-router.env").stdout.strip() == "600"
     assert KEY not in json.dumps({k: v.value for k, v in result.outputs.items() if not v.secret})
+
+
+def router_call(fleet, method: str, path: str, body: dict | None = None) -> int:
+    req = urllib.request.Request(fleet.router_url + path, method=method, data=json.dumps(body).encode() if body else None,
+                                 headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    with opener().open(req, timeout=10) as r:
+        return r.status
+
+
+def routed(fleet, url: str) -> bool:
+    return any(w["url"] == url and w["is_healthy"] and w["status"] == "ready" for w in router_workers(fleet))
+
+
+def test_status_and_the_watch_say_a_host_the_router_left_out(fleet, tmp_path):
+    """Issue 36.9: an interrupted roll left gpu2 out of the router while it served, ready, and
+    status said all ready. Each host's membership is read from the router (on its own host, with
+    the key it keeps there): status names the host and exits 4 (not serving users), the watch
+    has it in status.json and its Prometheus file."""
+    d = fleet
+    done = d.components("status", "--stack", "tp8", "--json", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    hosts = {h["entry"]: h for h in json.loads(done.stdout)["hosts"]}
+    assert {n: h["router"]["in_router"] for n, h in hosts.items()} == {"gpu1": True, "gpu2": True, "gpu3": True}, hosts
+    worker = next(w["url"] for w in router_workers(d) if f"//{d.hosts['gpu2'].address}:" in w["url"])
+    wid = next(w["id"] for w in router_workers(d) if w["url"] == worker)
+    assert router_call(d, "DELETE", f"/workers/{wid}") in (200, 202, 204)  # what the interrupted roll did
+    try:
+        for _ in range(120):
+            if not routed(d, worker):
+                break
+            time.sleep(0.5)
+        done = d.components("status", "--stack", "tp8", timeout=300)
+        assert done.returncode == 4, done.stdout + done.stderr
+        assert f"router    not in the router at {d.router_url}: it routes nothing to {worker}" in done.stdout \
+            or f"router    the router at {d.router_url} lists {worker} as draining" in done.stdout, done.stdout
+        assert "serving but not ready: " in done.stdout and "readiness ready" in done.stdout, done.stdout
+        state = tmp_path / "watch"
+        argv = [sys.executable, "-m", "components", "watch", "--stacks", "tp8", "--once", "--state-dir", str(state)]
+        ticked = subprocess.run(argv, cwd=d.project, env=d.env, capture_output=True, text=True, timeout=600)
+        assert ticked.returncode == 0, ticked.stdout + ticked.stderr
+        doc = json.loads((state / "status.json").read_text())
+        entries = {h["entry"]: h for s in doc["stacks"] for h in s["hosts"]}
+        assert entries["gpu2"]["router"]["in_router"] is False and entries["gpu1"]["router"]["in_router"] is True, entries
+        prom = (state / "gpu-serving.prom").read_text()
+        assert f'gpu_serving_in_router{{stack="tp8",host="{entries["gpu2"]["host"]}"}} 0' in prom, prom
+    finally:
+        for _ in range(240):
+            if routed(d, worker):
+                break
+            if all(w["url"] != worker for w in router_workers(d)):
+                router_call(d, "POST", "/workers", {"url": worker})
+            time.sleep(0.5)
+    assert routed(d, worker)
 
 
 def serving_urls(fleet) -> list[str]:

@@ -133,6 +133,18 @@ def test_hand_changed_layout_is_repaired_by_one_up(serving):
     check_is_clean(d, "tp8")
 
 
+def test_status_is_a_probe_nothing_serves_after_a_stop(serving):
+    """Issue 36.14: a stopped unit is exit 3 (nothing serves), not 0; one up and it is 0 again."""
+    d = serving
+    assert d.components("status", "--stack", "tp8", timeout=300).returncode == 0
+    d.sh(f"systemctl stop {TP8}")
+    done = d.components("status", "--stack", "tp8", timeout=300)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "serving   nothing" in done.stdout and "nothing serves on " in done.stdout, done.stdout
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert d.components("status", "--stack", "tp8", timeout=300).returncode == 0
+
+
 def test_after_kill_9_one_up_converges_and_the_check_is_clean(serving):
     d = serving
     d.sh(f"kill -9 {main_pid(d, TP8)}")
@@ -143,7 +155,10 @@ def test_after_kill_9_one_up_converges_and_the_check_is_clean(serving):
     check_is_clean(d, "tp8")
 
 
-def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(serving):
+def test_status_after_an_interrupted_switch_says_a_reboot_would_start_the_old_strategy(serving):
+    """Issue 36.2: two Ctrl-C while the switch to ep8 waits for readiness leave ep8 serving but
+    not enabled, tp8 stopped but enabled. `status` says what a reboot would start and exits
+    non-zero (the drift check catches it too); the next test's `up` converges."""
     d = serving
     # ep8 loads slowly (its own environment file, so tp8's is untouched). It was deployed before
     # (tp8 serves again since): the switch back to it, with the same settings, is killed while it
@@ -176,15 +191,36 @@ def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(ser
             run.kill()
             run.wait()
     assert run.returncode != 0, out.decode(errors="replace")[-3000:]
-    # What the interruption left: ep8 running (loading) but not enabled, tp8 stopped.
+    # What the interruption left: ep8 running (loading) but not enabled, tp8 stopped but enabled.
     assert d.sh(f"systemctl is-enabled {EP8} || true").strip() != "enabled"
     assert d.sh(f"systemctl is-active {TP8} || true").strip() != "active"
+    assert d.sh(f"systemctl is-enabled {TP8} || true").strip() == "enabled"
+    # Once ep8 generates (it loads 12 s), the only thing wrong is what a reboot would start.
+    for _ in range(240):
+        if d.sh("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:30001/health_generate || true").strip() == "200":
+            break
+        time.sleep(0.5)
+    done = d.components("status", "--stack", "ep8", timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr  # drift of the serving stack
+    said = f"enabled/active disagree with what serves: a reboot would start {TP8} (stack tp8), while {EP8} (stack ep8) serves"
+    assert said in done.stdout and "`pulumi up --stack ep8` enables it" in done.stdout, done.stdout
+    assert "files as declared" not in done.stdout.split("* ep8")[1].splitlines()[0], done.stdout
+
+
+def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(serving):
+    d = serving
+    # The interruption left Pulumi's pending operation (README: what it means here); one up
+    # refreshes first and clears it (issue 36.20).
+    assert d.stack("ep8").export_stack().deployment.get("pending_operations"), "no pending operation to clear"
     result = d.stack("ep8").up(on_output=print)
     r = result.outputs["readiness"].value
     assert r["status_when_checked"] == "ready" and r["layout"]["ep_size"] == 8, r
     assert d.sh(f"systemctl is-enabled {EP8}").strip() == "enabled"
     assert d.sh(f"systemctl is-enabled {TP8} || true").strip() != "enabled"
     check_is_clean(d, "ep8")
+    assert not d.stack("ep8").export_stack().deployment.get("pending_operations")
+    done = d.components("status", "--stack", "ep8", timeout=300)
+    assert done.returncode == 0 and "disagree" not in done.stdout, done.stdout + done.stderr
 
 
 def test_an_environment_key_on_and_a_value_off_deploy_with_no_drift_in_status(serving):
