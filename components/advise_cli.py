@@ -65,15 +65,29 @@ def _facts(project_dir: Path, stack: str) -> dict:
     return facts
 
 
-def _stack_layouts(project_dir: Path) -> dict:
-    """Every stack of the project: its layout, or why its settings cannot be read."""
+def _machines(settings) -> set:
+    """The machines a stack deploys to (a rehearsal host by its name, a real one by its address)."""
+    entries = settings.hosts or (settings.host,)
+    return {e.address or f"rehearsal:{e.rehearsal}" for e in entries}
+
+
+def _stack_layouts(project_dir: Path, advised=None) -> dict:
+    """Every stack of the project on the advised stack's machines (all of them without one): its
+    layout, or why its settings cannot be read or it is not one server's layout."""
     layouts: dict = {}
     for name in stack_names(project_dir):
         try:
-            layouts[name] = layout_of(parse_settings(name, load_stack_config(project_dir, name)))
+            settings = parse_settings(name, load_stack_config(project_dir, name))
         except ConfigError as exc:
             first = exc.errors[0] if exc.errors else exc
             layouts[name] = str(first)[:300]
+            continue
+        if advised is not None and not (_machines(settings) & _machines(advised)):
+            continue  # another machine's stack: its figures say nothing about this host
+        if getattr(settings, "disaggregation", None) is not None:
+            layouts[name] = "prefill/decode disaggregation: two servers in two roles, not one layout of this host"
+            continue
+        layouts[name] = layout_of(settings)
     return layouts
 
 
@@ -104,7 +118,7 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    layouts = _stack_layouts(args.project_dir)
+    layouts = _stack_layouts(args.project_dir, settings)
     results = args.results if args.results.is_absolute() else args.project_dir / args.results
     measured, skipped = read_results(results, {k: v for k, v in layouts.items() if not isinstance(v, str)})
     advice = A.advise(settings, workload, stacks=layouts, measured=measured, source=source)

@@ -263,7 +263,8 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[s
     errors += strategy_owned_elsewhere(project_dir, stack, settings.strategy_name)
     pd = None
     if settings.disaggregation is not None:
-        if raw.source == "engine":
+        if raw.source == "engine" and not errors:
+            # Only a stack plan accepts: a refused one gets plan's refusal, word for word.
             errors.append(SettingError(PD_SETTING, PD_NOT_DEPLOYED, f"python -m components plan --stack {stack}"))
         if plans and not errors:
             pd = pd_plan.build(settings, plans, addresses)
