@@ -114,7 +114,7 @@ def test_pulumi_up_switches_and_back_through_the_cli_with_its_reads_handed_over(
         out = _cli(d, "up", "--stack", stack, "--yes")
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         r = json.loads(_cli(d, "stack", "output", "readiness", "--stack", stack, "--json").stdout)
-        assert r["status"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == ep, r
+        assert r["status_when_checked"] == "ready" and r["layout"]["tp_size"] == 8 and r["layout"]["ep_size"] == ep, r
         assert d.sh(f"systemctl is-active sglang-kimi-k2.6-{stack}.service").strip() == "active"
         assert d.sh(f"systemctl is-active sglang-kimi-k2.6-{other}.service").strip() == "inactive"
         check = _cli(d, "preview", "--stack", stack, "--refresh", "--expect-no-changes")

@@ -141,7 +141,7 @@ def test_status_is_a_probe_nothing_serves_after_a_stop(serving):
     done = d.components("status", "--stack", "tp8", timeout=300)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "serving   nothing" in done.stdout and "nothing serves on " in done.stdout, done.stdout
-    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status"] == "ready"
+    assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
     assert d.components("status", "--stack", "tp8", timeout=300).returncode == 0
 
 

@@ -114,14 +114,16 @@ def upgrade(tmp_path_factory, rehearsal_host_factory):
     old = make_deployment(tmp, host, source=source, name="previous")
     new = make_deployment(tmp, host)
 
-    # serving.enableMetrics is on by default since issue 42: the first `up` after an upgrade
-    # rewrites each unit's ExecStart and restarts its server once (README, "Following the
-    # traffic"). Here the operator keeps the previous flags, so what is left to see is the
-    # program's own change: none.
-    def previous_flags(config):
-        config["gpu-serving:serving"]["value"]["enableMetrics"] = False
     new.edit_project(previous_flags)
     return old, new
+
+
+def previous_flags(config):
+    """serving.enableMetrics is on by default since issue 42: the first `up` after an upgrade
+    rewrites each unit's ExecStart and restarts its server once (README, "Following the
+    traffic"). Here the operator keeps the previous flags, so what is left to see is the
+    program's own change: none."""
+    config["gpu-serving:serving"]["value"]["enableMetrics"] = False
 
 
 def dynamic_types(stack: auto.Stack) -> dict[str, str]:
@@ -240,6 +242,7 @@ def fleet_upgrade(tmp_path_factory, rehearsal_host_factory):
     new = make_deployment(tmp, a)
     for d in (old, new):
         d.edit_project(two_hosts)
+    new.edit_project(previous_flags)
     return old, new, {"gpu1": a, "gpu2": b}
 
 

@@ -159,6 +159,40 @@ def test_signals_reach_the_run_and_its_end_is_the_runners(project):
         proc.stderr.close()
 
 
+def test_a_signal_before_the_runs_pid_has_come_is_given_to_the_run(project):
+    """The engine ends its language host with SIGINT once the program reported an error; on a
+    loaded machine that can be before the runner has read the run's PID (seen in CI: a
+    KeyboardInterrupt traceback from the runner's own wait in a refused preview's output). The
+    warm process is held still (SIGSTOP) while the runner waits for that answer, so the signal
+    comes first for sure; the runner keeps it and passes it on once the run exists."""
+    project_dir, sockets, env = project
+    (project_dir / "slow.py").write_text("import sys, time\nprint('started', flush=True)\ntime.sleep(60)\n")
+    run(project_dir, env, "--script", "probe.py")
+    wait_warm(sockets)
+    [zygote] = warm_processes(sockets)
+    os.kill(zygote, signal.SIGSTOP)
+    try:
+        proc = subprocess.Popen([sys.executable, "-u", str(RUNNER), "--warm", "warmmod", "--script", "slow.py"],
+                                cwd=project_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Connected and waiting: the runner's socket to the warm process is open.
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any(
+                os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{proc.pid}/fd")):
+            time.sleep(0.02)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert proc.poll() is None, proc.stderr.read()  # the signal did not end the runner on its own
+    finally:
+        os.kill(zygote, signal.SIGCONT)
+    assert proc.wait(timeout=20) == -signal.SIGINT  # the run got it and ended by it, as a cold run would
+    err = proc.stderr.read()
+    assert "read_line" not in err and "relay" not in err, err  # no traceback from the runner's own wait
+    proc.stdout.close()
+    proc.stderr.close()
+    assert children_of(zygote) == []
+
+
 def test_a_killed_runner_takes_its_run_with_it(project):
     project_dir, sockets, env = project
     (project_dir / "slow.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(60)\n")

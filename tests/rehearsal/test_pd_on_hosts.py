@@ -42,7 +42,7 @@ def render(prefill, decode, bootstrap_port: int = BOOTSTRAP):
         "hosts": [{"name": "gpu1", "rehearsal": prefill.name}, {"name": "gpu2", "rehearsal": decode.name}],
         "router": {"runsOn": "gpu1", "port": ROUTER_PORT},
         "strategy": {"tpSize": 8, "epSize": 8},
-        "serving": {"environment": ENV, "extraArgs": ["--enable-metrics"]},
+        "serving": {"environment": ENV},  # --enable-metrics: serving.enableMetrics, on by default
         "disaggregation": {"bootstrapPort": bootstrap_port, "prefill": {"hosts": ["gpu1"]}, "decode": {"hosts": ["gpu2"]}},
     }})
     settings = parse_settings("pd1p1d", config)

@@ -311,6 +311,32 @@ def _gs_warm():
             sock.close()
             spawn(path, key, module, runner)
             return
+        # The signals a run gets are passed on from the moment the request is sent: the engine
+        # ends its language host with SIGINT once the program reported an error, which on a
+        # loaded machine can come before the warm process has said the run's PID. Until then a
+        # signal is kept; once the PID is here it is passed on, and if no warm copy takes the
+        # run it is given back to this interpreter, which runs cold as if it had come now.
+        relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+        run = {"child": None, "pending": []}
+
+        def forward(signum, frame):
+            if run["child"] is None:
+                run["pending"].append(signum)
+                return
+            try:
+                os.kill(run["child"], signum)
+            except OSError:
+                pass
+
+        before = {signum: signal.signal(signum, forward) for signum in relayed}
+
+        def go_cold():
+            sock.close()
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+            for signum in run["pending"]:
+                os.kill(os.getpid(), signum)
+
         mask = os.umask(0)
         os.umask(mask)
         body = json.dumps({"key": key, "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
@@ -323,7 +349,7 @@ def _gs_warm():
                 # closed its end, and by then it may have run the whole request already.
                 sock.sendall(data[4096:])
         except OSError:  # e.g. a standard stream closed: nothing was forked for a request cut short
-            sock.close()
+            go_cold()
             return
         try:
             # A copy runs only once its PID has reached us (the warm process lets it go after
@@ -339,20 +365,13 @@ def _gs_warm():
         except (OSError, ValueError):
             answer = {}
         if "pid" not in answer:
-            sock.close()
             if answer.get("stale"):
                 spawn(path, key, module, runner)  # for the next run: this one goes on cold
+            go_cold()
             return
-        child = answer["pid"]
-
-        def forward(signum, frame):
-            try:
-                os.kill(child, signum)
-            except OSError:
-                pass
-
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-            signal.signal(signum, forward)
+        run["child"] = answer["pid"]
+        for signum in run["pending"]:
+            forward(signum, None)
         sock.settimeout(None)
         try:
             line, _ = read_line(sock, buf)
