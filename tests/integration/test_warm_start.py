@@ -159,6 +159,17 @@ def test_signals_reach_the_run_and_its_end_is_the_runners(project):
         proc.stderr.close()
 
 
+def has_socket(pid: int) -> bool:
+    """Whether the process holds a socket (an fd may close between the listing and its look)."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
+                return True
+        except FileNotFoundError:
+            pass
+    return False
+
+
 def test_a_signal_before_the_runs_pid_has_come_is_given_to_the_run(project):
     """The engine ends its language host with SIGINT once the program reported an error; on a
     loaded machine that can be before the runner has read the run's PID (seen in CI: a
@@ -176,8 +187,7 @@ def test_a_signal_before_the_runs_pid_has_come_is_given_to_the_run(project):
                                 cwd=project_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Connected and waiting: the runner's socket to the warm process is open.
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any(
-                os.readlink(f"/proc/{proc.pid}/fd/{fd}").startswith("socket:") for fd in os.listdir(f"/proc/{proc.pid}/fd")):
+        while time.monotonic() < deadline and not has_socket(proc.pid):
             time.sleep(0.02)
         time.sleep(0.3)
         proc.send_signal(signal.SIGINT)

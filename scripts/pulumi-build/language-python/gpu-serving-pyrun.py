@@ -236,9 +236,12 @@ def _gs_warm():
     watches its parent, _gs_exit_with_parent), and the warm process kills it when the runner's
     connection drops. The copy's command line is the warm process's (ps shows `--warm-serve`)."""
     import os
+    import signal
     import sys
 
     import_env = ("PYTHON", "LANG", "LC_", "TZ", "GRPC_")  # name prefixes
+    # The signals a runner passes on to its run.
+    relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
     cold_env = ("TRACEPARENT", "OTEL_", "PULUMI_OTEL_")
     header = 8  # bytes: the request's length
 
@@ -316,7 +319,6 @@ def _gs_warm():
         # loaded machine can come before the warm process has said the run's PID. Until then a
         # signal is kept; once the PID is here it is passed on, and if no warm copy takes the
         # run it is given back to this interpreter, which runs cold as if it had come now.
-        relayed = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
         run = {"child": None, "pending": []}
 
         def forward(signum, frame):
@@ -517,7 +519,14 @@ def _gs_warm():
                     retire()
                 return None
             go_read, go_write = os.pipe()
+            # The runner passes on a signal as soon as it has the copy's PID, which can be before
+            # the copy's interpreter is back from fork(): Python drops a signal that comes in that
+            # window (it clears the flags of signals caught "before the fork"). Held blocked until
+            # the copy is set up, a signal stays pending in the kernel and is raised in the run.
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, relayed)
             pid = os.fork()
+            if pid != 0:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             if pid == 0:
                 # The copy: nothing of the warm process's own, the run's streams, place and variables.
                 os.close(go_write)
@@ -542,6 +551,7 @@ def _gs_warm():
                 os.umask(request["umask"])
                 os.environ.clear()
                 os.environ.update(request["env"])
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
                 return request["argv"], peer
             os.close(go_read)
             for fd in fds:
