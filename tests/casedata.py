@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 DATA = Path(__file__).parent / "data"
 
@@ -12,6 +15,20 @@ BASE_CONFIG = {
     "model": {"profile": "kimi-k2.6"},
     "serving": {"environment": {"NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5", "NCCL_ALGO": "Ring", "OMP_NUM_THREADS": "8"}},
 }
+
+
+def update_golden() -> bool:
+    """Whether this run rewrites the golden files (UPDATE_GOLDEN=1: by hand, then reviewed). Refused
+    when CI is set (CI=true, as CI services set it; "", 0 and false are not set): a CI run that
+    rewrote them would compare each file with itself and pass whatever changed. Every golden
+    test asks here (tests/test_golden_files.py checks none reads UPDATE_GOLDEN itself)."""
+    if not os.environ.get("UPDATE_GOLDEN"):
+        return False
+    if os.environ.get("CI", "").strip().lower() not in ("", "0", "false"):
+        pytest.fail(f"UPDATE_GOLDEN is set with CI={os.environ['CI']}: golden files are rewritten by hand and "
+                    "reviewed, never in CI, where every comparison would then pass. Unset UPDATE_GOLDEN (or run "
+                    "outside CI, review the diff and commit it)", pytrace=False)
+    return True
 
 
 def cases(folder: str) -> list[tuple[str, dict]]:

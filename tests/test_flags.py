@@ -4,7 +4,6 @@ A case a file under tests/data/flags/: the settings that set a flag and the unit
 (a golden file next to it), and the refusals the flag brings. Regenerate the golden units and
 docs/flags.md deliberately with UPDATE_GOLDEN=1.
 """
-import os
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from components.core.errors import ConfigError
 from components.core.plan import build_plan
 from components.core.strategy import OWNED_FLAGS
 
-from .casedata import DATA, case_config, cases
+from .casedata import DATA, case_config, cases, update_golden
 
 ROOT = Path(__file__).resolve().parent.parent
 FLAG_CASES = DATA / "flags"
@@ -24,7 +23,7 @@ DOC = ROOT / "docs" / "flags.md"
 
 
 def _golden(path: Path, text: str):
-    if os.environ.get("UPDATE_GOLDEN"):
+    if update_golden():
         path.write_text(text)
     assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"{path} differs (review, then UPDATE_GOLDEN=1)"

@@ -1,6 +1,5 @@
 """Multi-node layouts (issue 17), the pure part: one unit per node with its rank, the shipped
 Pulumi.tp16x2.yaml's units as golden files, the NCCL defaults per network between the nodes."""
-import os
 from pathlib import Path
 
 from components.core.config import parse_settings
@@ -8,7 +7,7 @@ from components.core.plan import build_plans, check_stack
 from components.core.stack_config import from_files
 from components.core.unit import node_networks
 
-from .casedata import case_config
+from .casedata import case_config, update_golden
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "data" / "units"
@@ -22,7 +21,7 @@ def shipped():
 
 def _golden(name: str, text: str):
     path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
+    if update_golden():
         path.write_text(text)
     assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
     assert text == path.read_text()

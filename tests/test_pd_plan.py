@@ -5,7 +5,6 @@ beside them: UPDATE_GOLDEN=1 rewrites them) and tests/data/pd-switch/."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from components.core.plan import PD_NOT_DEPLOYED, CheckedStack, build_plans, che
 from components.core.stack_config import RawConfig, from_engine, from_files
 from components.core.switch_cost import Forecast
 
-from .casedata import DATA, case_config, cases
+from .casedata import DATA, case_config, cases, update_golden
 
 ROOT = Path(__file__).resolve().parent.parent
 PD = DATA / "pd"
@@ -35,7 +34,7 @@ def checked(stack: str, config: dict) -> CheckedStack:
 
 def _golden(name: str, text: str):
     path = PD / name
-    if os.environ.get("UPDATE_GOLDEN"):
+    if update_golden():
         path.write_text(text)
     assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
     assert text == path.read_text(), f"{path} differs (review, then UPDATE_GOLDEN=1)"

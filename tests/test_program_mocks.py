@@ -10,6 +10,8 @@ import pulumi
 import pytest
 import yaml
 
+from components.core import router as R
+from components.core.config import ROUTER_VERSIONS
 from components.core.plan import plan_stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -350,3 +352,37 @@ def test_a_host_not_booted_registers_the_refusal_first_and_everything_waits_for_
     one = record_registrations(monkeypatch, "type")
     run_program("ep8", stack_config("ep8"), hosts_booted=False)
     assert not [r for r in one if r[0] == DYNAMIC + "RunRefused"]
+
+
+THREE_BEHIND_ROUTER = [{"name": "gpu1", "rehearsal": "pd1"}, {"name": "gpu2", "rehearsal": "pd2"},
+                       {"name": "gpu3", "rehearsal": "pd3"}]
+
+
+@pytest.mark.parametrize("max_unavailable, batches", [(1, [["gpu1"], ["gpu2"], ["gpu3"]]),
+                                                       (2, [["gpu1", "gpu2"], ["gpu3"]])])
+def test_the_rolls_batches_each_wait_for_the_one_before(monkeypatch, tmp_path, max_unavailable, batches):
+    """Behind the router the roll is a chain of depends_on: the first batch's services wait for
+    the router's service, each later batch's for every service of the batch before, and no host
+    for one of its own batch (they switch together). Without the chain the engine switches
+    every host at once and the router has nothing left to route to. Under mocks the fleet
+    cannot be read, so the roll is the declared order, `maxUnavailable` at a time (roll.unknown)."""
+    monkeypatch.chdir(ROOT)
+    # Router() checks its pinned wheels are at hand (offline install): empty files of those names.
+    for spec in R.pins(ROUTER_VERSIONS[-1]):
+        name, version = spec.split("==")
+        (tmp_path / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"")
+    registered = record_registrations(monkeypatch, "dependencies")
+    config = stack_config("tp8x2")
+    config["gpu-serving:hosts"] = json.dumps(THREE_BEHIND_ROUTER)
+    config["gpu-serving:rollout"] = json.dumps({"maxUnavailable": max_unavailable})
+    config["gpu-serving:router"] = json.dumps({**json.loads(config["gpu-serving:router"]), "wheelhouse": str(tmp_path)})
+    config["gpu-serving:routerAdminKey"] = "k" * 32
+    run_program("tp8x2", config, ["gpu-serving:routerAdminKey"])
+    services = {n: _names(d) for t, n, d in registered if t == DYNAMIC + "SystemdService"}
+    assert sorted(services) == [f"{h['name']}-service" for h in THREE_BEHIND_ROUTER], services
+    before = {"router-service"}
+    for batch in batches:
+        for host in batch:
+            waits = {d for d in services[f"{host}-service"] if d.endswith("-service")}
+            assert waits == before, (host, waits, before)
+        before = {f"{host}-service" for host in batch}

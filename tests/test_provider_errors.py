@@ -86,3 +86,15 @@ def test_a_host_that_sends_no_banner_prints_no_traceback_of_paramikos_own():
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("UNREACHABLE cannot reach root@127.0.0.1:"), (done.stdout, done.stderr)
     assert "Traceback" not in done.stderr and "SSH protocol banner" not in done.stderr, done.stderr
+
+
+def test_a_fleet_hosts_failed_rollback_is_named_and_keeps_its_outputs():
+    """A fleet host's (hostEntry) failed rollback: the service records the outputs and the named
+    message (switchFailure). Naming it used to build RollbackFailed without its outputs, and the
+    update failed with a TypeError instead of recording that nothing serves."""
+    exc = providers.RollbackFailed("readiness: crashed: exit 1\nrollback failed: nothing serves", {"active": False})
+    named = providers._named({"hostEntry": "gpu1"}, exc)
+    assert isinstance(named, providers.RollbackFailed) and named.outs == {"active": False}
+    assert str(named) == "hosts[gpu1]: readiness: crashed: exit 1\nrollback failed: nothing serves"
+    outs = providers.ServiceProvider._after_failed_rollback({"hostEntry": "gpu1"}, exc)
+    assert outs == {"active": False, "switchFailure": str(named)}

@@ -1,8 +1,19 @@
 """Multi-node readiness (issue 17): rank 0's verdict and every other rank judged by its unit and
-journal only (readiness.judge_ranks), one JSON case a file (tests/data/ranks/)."""
+journal only (readiness.judge_ranks), one JSON case a file (tests/data/ranks/); and no code path
+of the multi-node switch, its rollback or `status` asks a rank >= 1 over HTTP (a recording fake
+transport, `ssh._run`, answering as two nodes would)."""
+import contextlib
+import json
+import shlex
+import time
+
 import pytest
 
 from components.core import readiness as R
+from components.core import reads, switch
+from components.core import status as S
+from components.remote import multinode, probe, providers, ssh
+from components.remote import status as remote_status
 
 from .casedata import cases
 
@@ -14,11 +25,6 @@ def test_rank_case(name, case):
              for r in case["ranks"]]
     status, reason, culprit = R.judge_ranks(case["rank0"]["status"], case["rank0"]["reason"], ranks)
     assert (status, reason, culprit) == (case["expect"]["status"], case["expect"]["reason"], case["expect"]["culprit"])
-
-
-def test_a_rank_is_never_judged_by_http():
-    # The verdict takes no HTTP answer of a rank >= 1 at all: its fields are unit state and journal.
-    assert set(R.RankState.__dataclass_fields__) == {"rank", "host", "problem", "joined"}
 
 
 def test_a_rank_that_has_not_joined_is_named_while_rank_0_loads():
@@ -37,3 +43,140 @@ def test_status_judges_a_running_rank_by_its_journal_not_its_http_answer():
     assert R.rank_now(1, 2, joined=True) == (R.READY, "")
     status, reason = R.rank_now(1, 2, joined=False)
     assert status == R.LOADING and "rank 1 of 2 has not joined rank 0" in reason and R.JOINED_LINE in reason
+
+
+# --- no HTTP probe of a rank >= 1 ------------------------------------------------------------------
+
+UNIT, PREVIOUS = "sglang-kimi-k2.6-tp16x2.service", "sglang-kimi-k2.6-pp16x2.service"
+NODES = {"10.213.1.1": 0, "10.213.1.2": 1}  # address -> rank
+
+
+def _show(unit: str, state: str = "active", sub: str = "running") -> str:
+    return (f"Id={unit}\nActiveState={state}\nSubState={sub}\nMainPID=77\nNRestarts=0\nResult=success\n"
+            "ExecMainStatus=0\nUnitFileState=enabled\nLoadState=loaded\n")
+
+
+class TwoNodes:
+    """Both nodes' answers to every command a multi-node switch, its rollback and `status` send,
+    each command recorded with the rank of the node it ran on. An HTTP request is a command that
+    runs curl or names a URL: any of them on rank 1 (or naming rank 1's address) is the bug, and
+    is answered 200, as the dummy server a rank >= 1 runs would answer (it proves nothing).
+    `crash`: rank 0's new unit fails at once, and the previous layout (PREVIOUS, a multi-node one
+    too) is started again on both."""
+
+    def __init__(self, crash: bool = False, loading: int = 1):
+        self.crash = crash
+        self.ran: list[tuple[int, list[str]]] = []
+        self.loading = loading  # rank 0's first polls find its port closed: a switch's wait looks at rank 1 then
+
+    def http(self, rank: int) -> list[str]:
+        said = [(k, " ".join(argv)) for k, argv in self.ran]
+        return [c for k, c in said if ("curl" in c or "http://" in c) and (k == rank or (rank and "10.213.1.2" in c))]
+
+    def scripts(self, rank: int) -> list[str]:
+        """The read-only scripts (reads.py) and commands that ran on `rank`, by name."""
+        names = {reads.RANK_SCRIPT: "RANK_SCRIPT", reads.SNAPSHOT_SCRIPT: "SNAPSHOT_SCRIPT", probe.START_SCRIPT: "START_SCRIPT"}
+        return [names.get(argv[2], "sh") if argv[:2] == ["sh", "-c"] else argv[0] for k, argv in self.ran if k == rank]
+
+    def run(self, t, command, input, timeout, purpose):
+        rank = NODES[t.host]
+        argv = shlex.split(command)
+        self.ran.append((rank, argv))
+        script = argv[2] if argv[:2] == ["sh", "-c"] else ""
+        if script == switch.MANAGED_UNITS_SCRIPT:
+            return 0, (f"@@listeners\n\n@@units\n{PREVIOUS}\n@@show\n{_show(PREVIOUS)}\n").encode(), b""
+        if script == probe.START_SCRIPT:
+            return 0, f"1700000000\n@@start\n@@rc=0\n@@unit\n{_show(argv[5], 'activating', 'start')}".encode(), b""
+        if script == reads.SNAPSHOT_SCRIPT or script == reads.INFO_SCRIPT:
+            unit = argv[4] if script == reads.SNAPSHOT_SCRIPT else UNIT
+            if self.crash and unit == UNIT:
+                return 0, f"{_show(unit, 'failed', 'failed')}@@health\n000 7\n@@ready\n0\n".encode(), b""
+            if self.loading and rank == 0 and unit == UNIT:
+                self.loading -= 1
+                return 0, f"{_show(unit)}@@health\n000 7\n@@ready\n0\n".encode(), b""
+            info = {"tp_size": 16, "nnodes": 2, "node_rank": rank}
+            return 0, (f"{_show(unit)}@@health\n200 0\n@@ready\n1\n@@server_info\n{json.dumps(info)}\n200\n"
+                       "@@get_server_info\n\n404\n@@models\n{}\n200\n").encode(), b""
+        if script == reads.RANK_SCRIPT:
+            return 0, f"{_show(argv[4])}@@joined\n1\n".encode(), b""
+        if script == reads.SERVICE_SCRIPT:
+            return 0, f"{_show(argv[4])}@@cmdline\n\n@@environ\n\n@@manager\n".encode(), b""
+        if argv[0] == "journalctl":
+            return 0, f"node python3[77]: {R.JOINED_LINE}\n".encode(), b""
+        if argv[:2] == ["systemctl", "show"] and "ExecStart" in argv:
+            return 0, (f"{{ path=/opt/venv/bin/python ; argv[]=python -m sglang.launch_server --host 0.0.0.0 "
+                       f"--port 30000 --nnodes 2 --node-rank {rank} }}\n").encode(), b""
+        if argv[:2] == ["systemctl", "show"]:
+            return 0, _show(argv[-1]).encode(), b""
+        if argv[0] == "systemctl":
+            return 0, b"", b""
+        raise AssertionError(f"a command a multi-node switch does not run: {command}")
+
+
+def _node(address: str, rank: int) -> dict:
+    return {"name": f"node{rank}", "rank": rank, "execStart": f"python -m sglang.launch_server --node-rank {rank}",
+            "environment": {}, "connection": {"host": address, "port": 22, "user": "root", "privateKey": "k", "hostKey": "h"}}
+
+
+@pytest.fixture
+def two_nodes(monkeypatch):
+    def make(crash: bool = False, loading: int = 1) -> TwoNodes:
+        nodes = TwoNodes(crash, loading)
+        monkeypatch.setattr(ssh, "_run", nodes.run)
+        # The host lock and the pinned connection are a real host's (tests/e2e); a rollback's rank
+        # waits settleSeconds + 2 s before it looks at the unit again: no wait here.
+        monkeypatch.setattr(ssh, "one_connection", lambda t, during: contextlib.nullcontext())
+        monkeypatch.setattr(multinode.MultiNodeServiceProvider, "_lock", lambda self, t, p: None)
+        monkeypatch.setattr(multinode.MultiNodeServiceProvider, "_unlock", lambda self, chan: None)
+        monkeypatch.setattr(time, "sleep", lambda seconds: None)
+        return nodes
+    return make
+
+
+def _props() -> dict:
+    ranks = [_node(a, k) for a, k in NODES.items()]
+    return {"connection": ranks[0]["connection"], "unit": UNIT, "port": 30000, "bind": "0.0.0.0", "declared": {"tp_size": 16},
+            "readiness": {"settleSeconds": 0}, "active": True, "enabled": True, "configHash": "h",
+            "execStart": ranks[0]["execStart"], "environment": {}, "secretEnvironment": {}, "ranks": ranks}
+
+
+def _switch(two_nodes) -> TwoNodes:
+    nodes = two_nodes()
+    outs = multinode.MultiNodeServiceProvider().create(_props()).outs
+    assert outs["readinessReport"]["status"] == R.READY, outs["readinessReport"]
+    # Looked at while rank 0 loaded, then judged by its unit and journal.
+    assert {"RANK_SCRIPT", "journalctl"} <= set(nodes.scripts(1)), nodes.scripts(1)
+    return nodes
+
+
+def _rollback(two_nodes) -> TwoNodes:
+    """Rank 0 fails: the previous layout starts again on both; rank 1's own by its unit only."""
+    nodes = two_nodes(crash=True)
+    with pytest.raises(providers.DeployError) as exc:
+        multinode.MultiNodeServiceProvider().create(_props())
+    nodes.said = str(exc.value)
+    return nodes
+
+
+def _status(two_nodes) -> TwoNodes:
+    nodes = two_nodes(loading=0)
+    argv = ["python", "-m", "sglang.launch_server", "--nnodes", "2", "--node-rank"]
+    for address, rank in NODES.items():
+        t = ssh.Target(host=address, port=22, user="root", private_key="k", host_key="h")
+        unit = S.HostUnit(name=UNIT, stack="tp16x2", active_state="active", sub_state="running", enabled=True, main_pid=77,
+                          since="", uptime_seconds=60.0, argv=[*argv, str(rank)])
+        report = remote_status._readiness(t, unit, {})
+        assert report["status"] == R.READY, report
+    return nodes
+
+
+@pytest.mark.parametrize("path", [_switch, _rollback, _status], ids=["switch", "rollback", "status"])
+def test_a_rank_is_never_judged_by_http(two_nodes, path):
+    """Every code path that judges the ranks of a multi-node layout (a switch's wait, a failed
+    switch's rollback of the previous multi-node layout, `status`): no HTTP request on rank 1's
+    node or to its address, while rank 0 is asked (the recording is not blind)."""
+    nodes = path(two_nodes)
+    assert nodes.http(1) == []
+    assert nodes.http(0), "rank 0 gives the verdict over HTTP: the recording must see it"
+    if path is _rollback:
+        assert f"rolled back: {PREVIOUS} (rank 1) runs again" in nodes.said, nodes.said

@@ -5,7 +5,6 @@ switch is planned). The roll's order: tests/test_roll_cases.py."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,8 @@ from components.core.config import ROUTER_VERSIONS, parse_settings
 from components.core.errors import ConfigError
 from components.core.switch import switch_planned
 from components.serving_unit import SwitchNotice
+
+from .casedata import update_golden
 
 DATA = Path(__file__).parent / "data" / "router"
 
@@ -40,7 +41,7 @@ def test_router_unit_matches_its_golden_file(case):
     settings = parse_settings("tp8", {**doc["config"], "strategy": {"tpSize": 8}})
     text = R.render_unit(settings, doc["workers"])
     golden = case.with_suffix(".service")
-    if os.environ.get("UPDATE_GOLDEN"):
+    if update_golden():
         golden.write_text(text)
     assert text == golden.read_text()
     # The key is never in the unit: only the variable systemd fills from the 0600 file.

@@ -3,6 +3,8 @@ failed start exactly the plan's `on_failure`: every case of tests/data/switch/ g
 provider's real switch code over a fake transport (`ssh._run`, `ssh._write_file`) that answers
 what the case's host has and records every command. The waiting for readiness (probe.wait_ready,
 tested on rehearsal hosts) is the one part replaced. The real hosts: tests/e2e/."""
+import contextlib
+import json
 import shlex
 
 import pytest
@@ -247,3 +249,58 @@ def test_a_rollback_that_fails_too_is_recorded_with_the_unit_as_it_is(run_switch
     assert report["status"] == R.CRASHED and report["rollback"].startswith(providers.ROLLBACK_FAILED), report
     assert error.outs["previous"] == plan.previous and "runningServer" in error.outs
     assert changes[-1] == f"start {plan.rollback_to}"  # tried, and nothing after it
+
+
+# --- the token never in a failed switch's message ------------------------------------------------
+
+# An HF token's shape (hf_ and 34 letters and digits), made up; the journal holds it as a server
+# that logs its environment, or the hub's refusal quoting it, would leave it there.
+TOKEN = "hf_Zq8XvN3kLm2PdR7tYw4BcJ6sHf9GaE5uKo"
+
+
+class LeakyHost(Host):
+    """The case's host, whose journal prints the token (the failed start's and the rollback's)."""
+
+    def run(self, t, command, input, timeout, purpose):
+        if shlex.split(command)[0] == "journalctl":
+            return 0, f"2026-01-01T00:00:00+0000 host python3[77]: HF_TOKEN={TOKEN} rejected by the hub\n".encode(), b""
+        return super().run(t, command, input, timeout, purpose)
+
+
+@pytest.mark.parametrize("rollback_fails", [False, True], ids=["rolled back", "rollback failed"])
+def test_a_failed_switch_through_update_never_carries_the_token(monkeypatch, capsys, rollback_fails):
+    """The provider's own path, update() to the error the engine shows: the failed start's journal
+    tail, and the rollback's when the previous strategy does not come back, hold the HF token on
+    the host; the token (secretEnvironment, the value the unit gets) is in none of the error, the
+    outputs recorded for a failed rollback (`switchFailure`, the readiness report with its
+    `rollback`), or what the provider printed. Asserted on the value itself, not on a `[secret]`
+    being somewhere. (The outputs also carry the props, secretEnvironment among them: the engine
+    keeps an output secret whose input was.)"""
+    case = dict(PLANS)["switch-stops-the-serving-one-and-disables-the-rest"]
+    d = case["declared"]
+    host = LeakyHost(case, fail=d["unit"], rollback_fails=rollback_fails)
+    monkeypatch.setattr(ssh, "_run", host.run)
+    monkeypatch.setattr(ssh, "_write_file", host.write)
+    monkeypatch.setattr(probe, "wait_ready", host.wait_ready)
+    # The lock and the pinned connection are a real host's (tests/e2e); here the fake answers alone.
+    monkeypatch.setattr(ssh, "one_connection", lambda t, during: contextlib.nullcontext())
+    monkeypatch.setattr(providers.ServiceProvider, "_lock", lambda self, t, p: None)
+    monkeypatch.setattr(providers.ServiceProvider, "_unlock", lambda self, chan: None)
+    news = {"connection": {"host": "10.213.0.2", "port": 22, "user": "root", "privateKey": "k", "hostKey": "h"},
+            "unit": d["unit"], "port": d["port"], "bind": "0.0.0.0", "declared": {"tp": 8}, "active": True, "enabled": True,
+            "readiness": {}, "configHash": "new", "execStart": "python -m sglang.launch_server", "environment": {},
+            "secretEnvironment": {"HF_TOKEN": TOKEN}, "hostEntry": "gpu1"}
+    olds = {**news, "configHash": "old"}
+    try:
+        outs = providers.ServiceProvider().update("id", olds, news).outs
+        assert rollback_fails, "a failed start that rolled back must fail the update"
+        shown = outs["switchFailure"] + json.dumps(outs["readinessReport"])
+        assert outs["readinessReport"]["rollback"].startswith(providers.ROLLBACK_FAILED), outs["readinessReport"]
+    except providers.DeployError as exc:
+        assert not rollback_fails, exc
+        shown = str(exc)
+    printed = capsys.readouterr()
+    assert TOKEN not in shown and TOKEN not in printed.out + printed.err
+    # Not blind: the journal's line is in the message, the token's place taken.
+    assert "python3[77]: HF_TOKEN=" in shown and "rejected by the hub" in shown, shown
+    providers._take_replaced(ssh.Target.from_props(news))  # this run's memory of replaced files, for the next test

@@ -3,7 +3,6 @@
 The golden files are what the shipped stacks deploy; a change to rendering shows up here as a
 readable diff. Regenerate deliberately with UPDATE_GOLDEN=1.
 """
-import os
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,15 @@ from components.core.config import parse_settings
 from components.core.plan import build_plan, plan_stack
 from components.core.unit import render_environment, systemd_quote
 
+from .casedata import update_golden
+
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "data" / "units"
 
 
 def _golden(name: str, text: str):
     path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
+    if update_golden():
         path.write_text(text)
     assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
     assert text == path.read_text()

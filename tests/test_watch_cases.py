@@ -5,7 +5,6 @@ file beside it (UPDATE_GOLDEN=1 rewrites it)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -15,7 +14,7 @@ import pytest
 from components.__main__ import main
 from components.core import watch as W
 from components.core.errors import ConfigError
-from tests.casedata import DATA, cases
+from tests.casedata import DATA, cases, update_golden
 
 CASES = cases("watch")
 
@@ -56,7 +55,7 @@ def test_the_prometheus_text(name, case):
     doc, _ = run_ticks(case)[-1]
     text = W.render_prometheus(doc)
     path = DATA / "watch" / f"{name}.prom"
-    if os.environ.get("UPDATE_GOLDEN"):
+    if update_golden():
         path.write_text(text)
     assert path.exists(), f"missing golden file {path}; run with UPDATE_GOLDEN=1"
     assert text == path.read_text()
@@ -152,7 +151,7 @@ def test_the_shipped_pair_is_the_rendered_one():
                              state_dir="/var/lib/gpu-serving-watch", env_file="/etc/gpu-serving/watch.env")
     shipped = Path(__file__).resolve().parents[1] / "deploy" / "watch"
     for name, text in files.items():
-        if os.environ.get("UPDATE_GOLDEN"):
+        if update_golden():
             shipped.mkdir(parents=True, exist_ok=True)
             (shipped / name).write_text(text)
         assert (shipped / name).read_text() == text, name

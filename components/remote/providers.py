@@ -210,6 +210,8 @@ def _named(props: dict, exc: Exception) -> Exception:
     who = _who(props)
     if not who or str(exc).startswith((who, "hosts[")):  # already names its host (a multi-node rank)
         return exc
+    if isinstance(exc, RollbackFailed):  # it carries the outputs the service records
+        return RollbackFailed(who + str(exc), exc.outs)
     return type(exc)(who + str(exc))
 
 
