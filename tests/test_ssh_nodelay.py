@@ -174,9 +174,11 @@ def test_a_host_that_stalls_in_the_key_exchange_is_cannot_reach_not_a_hang():
     took = time.monotonic() - started
     try:
         assert not worker.is_alive(), "connecting to a host stalled in the key exchange did not end"
-        # Bounded by connectTimeout (one 0.5 s attempt, no second: it would start after 2 x 0.5 s),
-        # not by paramiko's own 15 s handshake limit.
-        assert took < 8, took
+        # One attempt, no second (it would start after 2 x 0.5 s): counted, not timed.
+        assert len(held) == 1, held
+        # Bounded by connectTimeout (0.5 s), not by paramiko's own 15 s handshake limit: that bound
+        # is the promise, kept below 15 s with room for a loaded machine.
+        assert took < 12, took
         assert len(outcome) == 1 and isinstance(outcome[0], ssh.Unreachable), outcome
         assert f"cannot reach root@127.0.0.1:{port} over SSH" in str(outcome[0])
     finally:

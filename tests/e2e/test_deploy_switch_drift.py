@@ -16,6 +16,17 @@ def is_active(d, stack):
     return d.sh(f"systemctl is-active {UNIT.format(stack)}").strip()
 
 
+def ep8_serves(d, tp8_on_the_host: bool = False) -> None:
+    """The state the drift tests start from, made by each (a no-op `up` after the module's earlier
+    steps, a deploy when the test runs alone): ep8 serving and ready; with `tp8_on_the_host`, tp8's
+    unit on the host too, as the module's first step leaves it."""
+    if tp8_on_the_host and d.sh(f"test -e /etc/systemd/system/{UNIT.format('tp8')} && echo yes").strip() != "yes":
+        d.stack("tp8").up(on_output=print)
+    result = d.stack("ep8").up(on_output=print)
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
+    assert is_active(d, "ep8") == "active"
+
+
 def test_up_tp8_is_ready(deployment):
     d = deployment
     result = d.stack("tp8").up(on_output=print)
@@ -110,6 +121,7 @@ def test_unit_file_deleted_while_serving_is_written_back_without_a_restart(deplo
     # the model (before: the service read as gone, "+ create"); the up writes it and systemd
     # loads it again (not LoadState=error, which a restart would then trip on); same process.
     d = deployment
+    ep8_serves(d)
     unit = UNIT.format("ep8")
     show = f"systemctl show -p MainPID -p NRestarts -p ActiveEnterTimestamp {unit}"
     before = d.sh(show)
@@ -136,6 +148,7 @@ def test_a_drop_in_is_drift_and_the_up_removes_it_instead_of_restarting_into_it_
     # preview and up found the same drift (a model restart per up, for ever). Now the drop-in is
     # drift itself, and the up removes it before the restart.
     d = deployment
+    ep8_serves(d)
     unit = UNIT.format("ep8")
     drop_in = f"/etc/systemd/system/{unit}.d/override.conf"
     d.sh(f"mkdir -p /etc/systemd/system/{unit}.d && printf '[Service]\\nEnvironment=SGLANG_ENABLE_TORCH_COMPILE=1\\n' > {drop_in}"
@@ -155,6 +168,7 @@ def test_a_drop_in_is_drift_and_the_up_removes_it_instead_of_restarting_into_it_
 
 def test_a_drop_in_that_never_ran_is_removed_without_a_restart(deployment):
     d = deployment
+    ep8_serves(d)
     unit = UNIT.format("ep8")
     drop_in = f"/run/systemd/system/{unit}.d/override.conf"  # `systemctl edit --runtime`
     d.sh(f"mkdir -p /run/systemd/system/{unit}.d && printf '[Unit]\\nDescription=edited by hand\\n' > {drop_in}"
@@ -179,6 +193,7 @@ def test_a_vendor_drop_in_is_drift_in_the_check_and_in_status_and_the_up_says_it
     with the variable it adds to the environment systemd would start the unit with. It is not
     gpu-serving's to delete: the up says it stays; removed, the check is clean again."""
     d = deployment
+    ep8_serves(d)
     unit = UNIT.format("ep8")
     vendor = f"/usr/lib/systemd/system/{unit}.d/50-vendor.conf"
     d.sh(f"mkdir -p /usr/lib/systemd/system/{unit}.d && printf '[Service]\\nEnvironment=NCCL_DEBUG=INFO\\n' > {vendor}"
@@ -208,6 +223,7 @@ def test_the_environment_file_given_to_another_user_is_drift_and_given_back(depl
     # chown: the file keeps its mode (0600) and its text, but another user may now read the
     # secrets in it. Drift (the file's owner), in the preview and in status; the up gives it back.
     d = deployment
+    ep8_serves(d)
     path = "/etc/gpu-serving/kimi-k2.6.env"
     d.sh(f"chown nobody:nogroup {path}")
     lines = []
@@ -226,6 +242,7 @@ def test_another_strategy_enabled_by_hand_is_drift_and_disabled_by_the_up(deploy
     # `systemctl enable` of tp8 while ep8 serves: after a reboot both would start, and either could
     # end up serving. The serving stack's check says so; its up disables tp8 and restarts nothing.
     d = deployment
+    ep8_serves(d, tp8_on_the_host=True)
     tp8, ep8 = UNIT.format("tp8"), UNIT.format("ep8")
     d.sh(f"systemctl enable --quiet {tp8}")
     show = f"systemctl show -p MainPID -p NRestarts -p ActiveEnterTimestamp {ep8}"

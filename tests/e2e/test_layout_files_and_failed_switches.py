@@ -50,6 +50,22 @@ def no_changes(d, stack: str) -> None:
     assert changes == {}, changes
 
 
+def serving(d, stack: str) -> None:
+    """The state a test starts from, made by the test itself: `stack` deployed and serving (a
+    no-op `up` when an earlier test of the module left it so), so each test passes alone too."""
+    result = d.stack(stack).up(on_output=print)
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
+    assert running_and_enabled(d, [stack])[0] == [stack]
+
+
+def write_crash_stack(d) -> None:
+    """The stack's own serving block (Pulumi would let it replace the project's), with a variable that
+    crashes its server while loading, and the default environmentDir: the file it would share."""
+    d.write_stack_file("crash", {"tpSize": 8, "epSize": 8}, {
+        "gpu-serving:serving": {"environment": {**FAST_ENV, "REHEARSAL_FAULT": "crash_during_load"}},
+        "gpu-serving:readiness": FAST_READINESS})
+
+
 def test_adding_and_removing_a_layout_file_never_restarts_the_serving_model(deployment):
     d = deployment
     assert d.stack("tp8").up(on_output=print).outputs["readiness"].value["status_when_checked"] == "ready"
@@ -82,6 +98,7 @@ def systemd_jobs(d, since: float) -> list[tuple[float, str, str]]:
 
 def test_a_switch_still_stops_the_serving_strategy_and_only_one_is_enabled(deployment):
     d = deployment
+    serving(d, "tp8")
     install_command_log(d.host)
     record = HostRecord(d.host)
     since = float(d.sh("date +%s.%N"))
@@ -114,12 +131,9 @@ def test_a_switch_still_stops_the_serving_strategy_and_only_one_is_enabled(deplo
 
 def test_a_failing_stack_sharing_the_environment_file_leaves_the_previous_strategy_serving_its_own_environment(deployment):
     d = deployment
+    serving(d, "ep8")
     before = d.sh(f"sha256sum {ENV_FILE}; cat {ENV_FILE}")
-    # The stack's own serving block (Pulumi would let it replace the project's), with a variable that
-    # crashes its server while loading, and the default environmentDir: the file it would share.
-    d.write_stack_file("crash", {"tpSize": 8, "epSize": 8}, {
-        "gpu-serving:serving": {"environment": {**FAST_ENV, "REHEARSAL_FAULT": "crash_during_load"}},
-        "gpu-serving:readiness": FAST_READINESS})
+    write_crash_stack(d)
     with pytest.raises(auto.CommandError) as info:
         d.stack("crash").up(on_output=print)
     text = str(info.value)
@@ -136,6 +150,7 @@ def test_a_failing_stack_sharing_the_environment_file_leaves_the_previous_strate
 
 def test_a_switch_whose_new_shared_environment_breaks_loading_puts_the_file_back_byte_for_byte(deployment):
     d = deployment
+    serving(d, "ep8")
     project = (d.project / "Pulumi.yaml").read_text()
     before = d.sh(f"sha256sum {ENV_FILE}; stat -c %a {ENV_FILE}")
     pid = main_pid(d, "ep8")
@@ -157,6 +172,8 @@ def test_a_switch_whose_new_shared_environment_breaks_loading_puts_the_file_back
 
 def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
     d = deployment
+    serving(d, "ep8")
+    write_crash_stack(d)
     # The model directory vanished (seen on a fleet host): no strategy can load it any more. The
     # rehearsal host mounts the model read-only; an empty tmpfs over it hides it until unmounted.
     d.sh(f"mount -t tmpfs -o size=1m gone {MODEL}")

@@ -4,7 +4,8 @@
 - a deploy through the `postgres://` backend: the checkpoint is a row of the state table, nothing
   is written to a state directory;
 - two `pulumi up` of the same stack at once: the second is refused by the engine's stack lock (a
-  row under .pulumi/locks/ in the same table), naming the holder, and runs nothing on the host;
+  row under .pulumi/locks/ in the same table: Pulumi's lock, not gpu-serving's, checked here as
+  engine configuration the project relies on), naming the holder, and runs nothing on the host;
 - two different stacks at once: both pass the engine's locks and meet at the host lock
   (gpu-serving's own, on the host), which serialises them as with a file backend;
 - PostgreSQL stopped mid-run: the run fails saying the state database is unreachable; started
@@ -136,7 +137,12 @@ def test_a_deploy_through_postgres_keeps_the_state_in_the_database(d, server):
     d.stack("pp8").preview_refresh(expect_no_changes=True)
 
 
-def test_a_second_up_of_the_same_stack_is_refused_by_the_lock_and_runs_nothing_on_the_host(d, server):
+def test_the_engines_stack_lock_refuses_a_second_up_of_the_same_stack_before_it_reaches_the_host(d, server):
+    """A check of the engine as this project builds and configures it, not of gpu-serving code: the
+    stack lock is Pulumi's own (its DIY backend's lock row in the state table; gpu-serving takes no
+    lock there). What the project relies on: with the `postgres://` backend scripts/env.sh keeps,
+    the engine refuses a second `up` of a stack before its program or any provider runs, so the
+    host sees nothing of it."""
     tp8 = d.stack("tp8")  # created in the database before either run
     history = len(tp8.history())
     record = H.HostRecord(d.host)

@@ -106,8 +106,17 @@ def test_the_done_when_sequence_on_one_host(deployment):
     assert len(text.split("\nhost ")[0].splitlines()) <= 25, text
 
 
+def ep8_serves(d) -> None:
+    """The state the later tests start from, made by each (a no-op `up` after the sequence above,
+    a deploy when the test runs alone): ep8 deployed, serving and ready."""
+    result = d.stack("ep8").up(on_output=print)
+    assert result.outputs["readiness"].value["status_when_checked"] == "ready"
+    assert d.sh(f"systemctl is-active {EP8}").strip() == "active"
+
+
 def test_status_exits_non_zero_when_the_serving_stack_drifted(deployment):
     d = deployment
+    ep8_serves(d)
     path = f"/etc/systemd/system/{EP8}"
     original = d.sh(f"cat {path}")
     d.sh(f"sed -i 's/--max-running-requests 64/--max-running-requests 96/' {path}")
@@ -123,6 +132,7 @@ def test_status_exits_non_zero_when_the_serving_stack_drifted(deployment):
 
 def test_a_refresh_says_what_checked_the_readiness(deployment):
     d = deployment
+    ep8_serves(d)
     result = d.stack("ep8").up(on_output=print)  # refresh: always; nothing restarted
     r = result.outputs["readiness"].value
     assert r["status_when_checked"] == "ready" and r["checked_by"].startswith("refresh"), r

@@ -128,7 +128,9 @@ def test_a_node_that_never_joins_times_node0_out_naming_it(world):
     node1 = world(1, REHEARSAL_FAULT="never_join", REHEARSAL_RENDEZVOUS_SECONDS="2")
     t0 = time.monotonic()
     assert node0.wait_exit(timeout=20) == 1
-    assert time.monotonic() - t0 < 10
+    # The bound is the promise (node 0 gives up at its rendezvous deadline, ~3 s, not at the 20 s
+    # wait above): kept, with room for a loaded machine.
+    assert time.monotonic() - t0 < 15
     assert "torch.distributed.DistStoreError: Timed out after 3 seconds waiting for clients. 8/16 clients joined." in node0.log
     assert "node rank(s) 1 did not join the rendezvous" in node0.log
     assert not port_open(node0.port) and "ready to roll" not in node0.log
