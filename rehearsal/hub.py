@@ -185,6 +185,9 @@ def _handler(hub: StandinHub, cdn: bool):
         # --- answers
         def answer(self, status: int, headers: Optional[dict] = None, body: bytes = b"", head: bool = False,
                    length: Optional[int] = None):
+            # Recorded before the answer leaves: a client that has read it may look at once.
+            with hub.lock:
+                hub.calls.append((self.command, urlsplit(self.path).path, status))
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, str(v))
@@ -192,8 +195,6 @@ def _handler(hub: StandinHub, cdn: bool):
             self.end_headers()
             if body and not head:
                 self.wfile.write(body)
-            with hub.lock:
-                hub.calls.append((self.command, urlsplit(self.path).path, status))
 
         def error(self, status: int, code: str, message: str, head: bool):
             body = json.dumps({"error": message}).encode()
@@ -307,22 +308,22 @@ def _handler(hub: StandinHub, cdn: bool):
             status = 206 if start else 200
             if start:
                 headers = {**headers, "Content-Range": f"bytes {start}-{f.size - 1}/{f.size}"}
+            with hub.lock:
+                hub.calls.append((self.command, urlsplit(self.path).path, status))
             self.send_response(status)
             for k, v in {**headers, "Content-Type": "application/octet-stream"}.items():
                 self.send_header(k, str(v))
             self.send_header("Content-Length", str(f.size - start))
             self.end_headers()
-            with hub.lock:
-                hub.calls.append((self.command, urlsplit(self.path).path, status))
             if head:
                 return
             with open(repo.directory / f.path, "rb") as src:
                 src.seek(start)
                 for piece in iter(lambda: src.read(PIECE), b""):
-                    self.wfile.write(piece)
-                    if count:
+                    if count:  # counted before it is sent, as the calls are
                         with hub.lock:
                             hub.served[(repo.repo_id, f.path)] += len(piece)
+                    self.wfile.write(piece)
 
     return Handler
 

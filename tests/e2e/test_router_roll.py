@@ -327,6 +327,14 @@ def wait_all_routed(fleet, timeout: float = 120) -> None:
         time.sleep(1)
 
 
+def wait_health(host, timeout: float = 120) -> None:
+    """Until the host's server answers /health (on the host itself)."""
+    deadline = time.monotonic() + timeout
+    while host.run("curl -sf -o /dev/null --max-time 5 http://127.0.0.1:30001/health").returncode != 0:
+        assert time.monotonic() < deadline, f"{host.name}: no /health in {timeout} s"
+        time.sleep(1)
+
+
 def refused(run) -> str:
     """The output of a preview or up that must fail (the engine's CommandError)."""
     lines: list[str] = []
@@ -555,6 +563,11 @@ def test_after_a_partial_roll_the_order_names_only_the_hosts_that_switch(fleet):
     for name in ("gpu1", "gpu2"):
         fleet.hosts[name].run("systemctl stop sglang-kimi-k2.6-pp8.service && systemctl start sglang-kimi-k2.6-tp8.service",
                               check=True, timeout=120)
+    # Each hand-started server answers before the router is asked: the router may still list the
+    # stopped pp8 server as healthy (its health check has not run since), which is no sign the new
+    # one is up.
+    for name in ("gpu1", "gpu2"):
+        wait_health(fleet.hosts[name])
     wait_all_routed(fleet)
     preview: list[str] = []
     stack(fleet, "tp8").preview(on_output=preview.append)

@@ -137,12 +137,18 @@ class Link:
     def wait_for(self, keys: tuple[str, ...], stop: threading.Event, deadline: float | None = None) -> dict | None:
         """The next message carrying one of `keys`; None when the link is lost, stop is set or
         time runs out."""
-        while not (self.lost.is_set() or stop.is_set()):
+        while not stop.is_set():
             if deadline is not None and time.monotonic() > deadline:
                 return None
+            # What the peer sent before it closed is still read: its last message (a refusal)
+            # arrives together with the end of the connection, and the reader thread queues the
+            # one before it marks the link lost.
+            lost = self.lost.is_set()
             try:
-                obj = self.inbox.get(timeout=0.1)
+                obj = self.inbox.get_nowait() if lost else self.inbox.get(timeout=0.1)
             except queue.Empty:
+                if lost:
+                    return None
                 continue
             if any(key in obj for key in keys):
                 return obj
