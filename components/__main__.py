@@ -29,6 +29,7 @@ from .core import pd_switch
 from .core.plan import PD_NOT_DEPLOYED, CheckedStack, ServingPlan, check_stack, load_stack_config
 from .core.stack_config import from_files
 from .core.targets import real_machines
+from .remote import rehearsal_adapter
 
 
 def _print_plan(plan: ServingPlan) -> None:
@@ -230,20 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The program's own check (plan.check_stack), on the files instead of the engine's config.
         # A multi-node layout names rank 0's address: a running rehearsal host's is read from
-        # its host.json (no connection), as the program does.
-        from .remote.ssh import rehearsal_addresses
-        checked = check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir, rehearsal_addresses())
+        # its record on this machine (no connection), as the program does.
+        found = rehearsal_adapter.addresses()
+        checked = check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir, found)
         plans = checked.plans
         plan = plans[0][1]
         before_checked = (check_stack(args.against, from_files(args.project_dir, args.against), args.project_dir,
-                                      rehearsal_addresses()) if args.against else None)
+                                      found) if args.against else None)
         before = before_checked.plans[0][1] if before_checked else None
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if before is not None and (checked.pd is not None or before_checked.pd is not None):
-        from .remote.ssh import rehearsal_addresses
-        found = rehearsal_addresses()
         switch = pd_switch.plan(pd_switch.side(before_checked, found), pd_switch.side(checked, found))
         if args.json:
             json.dump(switch.as_dict(), sys.stdout, indent=2)

@@ -8,10 +8,11 @@ import pulumi
 from pulumi.dynamic import Resource
 
 from .core.config import CudaSettings, StackSettings
-from .core.cuda import INSTALL_TIMEOUT, REHEARSAL, REHEARSAL_REPO_DIR, settings_problems
+from .core.cuda import INSTALL_TIMEOUT, REHEARSAL, settings_problems
 from .core.errors import ConfigError, SettingError
 from .gpu_host import GpuHost
 from .resources import MODULE, dynamic_options, wait_in_children
+from .remote import rehearsal_adapter
 from .remote.installers import CudaToolkitProvider
 
 # --------------------------------------------------------------------------------------------
@@ -45,10 +46,9 @@ def install_props(cuda: CudaSettings) -> dict:
         "installTimeout": INSTALL_TIMEOUT,
     }
     if cuda.install == "apt" and cuda.apt_repository == REHEARSAL:
-        from rehearsal.cuda import RepoBuildError, build_repo
         try:
-            info = build_repo(cuda.version)
-        except RepoBuildError as exc:
+            info = rehearsal_adapter.cuda_repo(cuda.version)
+        except rehearsal_adapter.BuildFailed as exc:
             raise ConfigError([SettingError("gpu-serving:cuda.aptRepository",
                                             f"the rehearsal repository could not be built: {exc}")]) from None
         if cuda.keyring_sha256 and cuda.keyring_sha256 != info.keyring_sha256:
@@ -61,8 +61,8 @@ def install_props(cuda: CudaSettings) -> dict:
         # The pin is the keyring built here: the provider checks the file it pushes against it,
         # by the same code path as NVIDIA's.
         props["keyringSha256"] = info.keyring_sha256
-        props["rehearsalRepo"] = {"localDir": str(info.repo_dir), "keyringFile": str(info.keyring),
-                                  "remoteDir": REHEARSAL_REPO_DIR}
+        props["rehearsalRepo"] = {"localDir": info.directory, "keyringFile": info.keyring,
+                                  "remoteDir": rehearsal_adapter.CUDA_REPO_DIR}
     return props
 
 

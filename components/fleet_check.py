@@ -22,9 +22,9 @@ from pulumi.runtime import config as runtime_config
 from .core import roll as roll_plan
 from .core import router as R
 from .core.config import StackSettings
-from .gpu_host import GpuHostArgs, connection_of, not_running
+from .gpu_host import GpuHostArgs, connection_of
 from .remote.ahead import READ_FLEET
-from .remote.ssh import rehearsal_info
+from .remote.rehearsal_adapter import host_record, not_running
 from .resources import RunRefused
 
 
@@ -62,9 +62,9 @@ def unresolved(settings: StackSettings) -> list[tuple[str, str]]:
     """(entry, why) for each machine of the stack whose address is not known: a rehearsal host
     that is not running (the engine would get `rehearsal-<name>` for it)."""
     out = [(f"hosts[{h.name}]", not_running(h.rehearsal, f"hosts[{h.name}]")) for h in settings.hosts
-           if h.is_rehearsal and rehearsal_info(h.rehearsal) is None]
+           if h.is_rehearsal and host_record(h.rehearsal) is None]
     router_host = settings.router.host if settings.router is not None else None
-    if router_host is not None and router_host.is_rehearsal and rehearsal_info(router_host.rehearsal) is None:
+    if router_host is not None and router_host.is_rehearsal and host_record(router_host.rehearsal) is None:
         out.append(("gpu-serving:router.host", not_running(router_host.rehearsal, "gpu-serving:router.host")))
     return out
 

@@ -9,7 +9,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from .core.config import StackSettings
-from .remote.ssh import rehearsal_info
+from .remote import rehearsal_adapter
 from .resources import HostFacts
 
 
@@ -27,11 +27,6 @@ class GpuHostArgs:
     setting: str = ""
 
 
-def not_running(rehearsal: str, entry: str = "gpu-serving:host") -> str:
-    return (f"the rehearsal host {rehearsal!r} is not running: start it with `python -m rehearsal up {rehearsal}` "
-            f"(or set {entry}.address)")
-
-
 def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]]:
     """(the secret connection object the providers use, the host's address, the same object as
     a plain dict when the program knows it now: None while the key is only an Output)."""
@@ -40,22 +35,19 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]
     # Labels for messages (ssh.CONNECTION_LABELS: never a change): which entry, where its key is set.
     entry = args.setting or (f"hosts[{args.entry}]" if args.entry else "gpu-serving:host")
     if h.is_rehearsal:
-        shared.update(entry=entry, rehearsal=h.rehearsal,
-                        keyFrom=f"the rehearsal host {h.rehearsal!r} (the key it printed, in its host.json)")
+        shared.update(entry=entry, rehearsal=h.rehearsal, keyFrom=rehearsal_adapter.key_from(h.rehearsal))
     else:
         shared.update(entry=entry, keyFrom=f"{entry}.hostKey")
     if h.is_rehearsal:
-        info = rehearsal_info(h.rehearsal)
-        if info is None:
+        reach = rehearsal_adapter.connection(h.rehearsal)
+        if reach is None:
             # One host: preview still works without it, and `up` stops with this sentence. A fleet's
             # or a multi-node stack's run stops before anything changes (fleet_check.py).
             conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
-                    "unavailable": not_running(h.rehearsal, entry), **shared}
+                    "unavailable": rehearsal_adapter.not_running(h.rehearsal, entry), **shared}
             return pulumi.Output.secret(conn), conn["host"], None
-        key = Path(info["private_key"]).read_text()
-        conn = {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
-                "privateKey": key, "hostKey": info["host_public_key"], **shared}
-        return pulumi.Output.secret(conn), info["address"], conn
+        conn = {**reach, **shared}
+        return pulumi.Output.secret(conn), conn["host"], conn
     if not h.host_key:
         raise pulumi.RunError(f"{args.setting or 'gpu-serving:host'}.hostKey is required for a real host: pin its SSH host key "
                               f"(ssh-keyscan -t ed25519 {h.address}), so nobody else can answer in its place")

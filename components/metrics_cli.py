@@ -16,6 +16,7 @@ from .core.plan import check_stack
 from .core.stack_config import from_files, stack_names
 from .core.watch import parse_stacks
 from .files import atomic_write
+from .remote import rehearsal_adapter
 
 DEFAULT_OUT = "~/.local/state/gpu-serving-watch/prometheus"
 
@@ -38,11 +39,6 @@ def add_parser(sub) -> None:
     m.add_argument("--project-dir", default=".", type=Path)
 
 
-def _addresses() -> dict[str, str]:
-    from .remote.ssh import rehearsal_addresses
-    return rehearsal_addresses()
-
-
 def stack_targets(project_dir: Path, stack: str, addresses: dict[str, str]) -> tuple[list[scrape.Target], list[str]]:
     """One stack's targets from its files (raises ConfigError on bad settings)."""
     settings = check_stack(stack, from_files(project_dir, stack), project_dir, addresses).settings
@@ -53,7 +49,7 @@ def rewrite_targets(project_dir: Path, stacks: list[str], targets_dir: Path, log
     """Each stack's target file, written (atomically) only when its text changed. A stack whose
     settings cannot be read keeps its previous file (the watch reports the stack's error).
     Returns the files written."""
-    addresses = _addresses()
+    addresses = rehearsal_adapter.addresses()
     written = []
     for stack in stacks:
         try:

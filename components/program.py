@@ -25,7 +25,7 @@ from .gpu_host import GpuHost, GpuHostArgs
 from .multinode import MultiNodeServing
 from .provider_start import read_ahead
 from .readiness_check import ReadinessCheck
-from .remote.ssh import rehearsal_addresses
+from .remote import rehearsal_adapter
 from .run_kind import says_preview_things
 from .resources import RouterReadiness
 from .router import Router
@@ -159,7 +159,7 @@ def declare() -> None:
         # nothing, and no setting plan refuses reaches a host.
         # A multi-node layout's --dist-init-addr names rank 0's address: a rehearsal host's is
         # read from the running host.
-        checked = check_stack(stack, engine_config(), Path(os.getcwd()), rehearsal_addresses())
+        checked = check_stack(stack, engine_config(), Path(os.getcwd()), rehearsal_adapter.addresses())
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None

@@ -22,6 +22,7 @@ from .core.venv import (
 )
 from .gpu_host import GpuHost
 from .resources import MODULE, dynamic_options, wait_in_children
+from .remote import rehearsal_adapter
 from .remote.installers import PythonVenvProvider
 
 # --------------------------------------------------------------------------------------------
@@ -47,9 +48,8 @@ def wheelhouse_props(venv: VenvSettings) -> Optional[dict]:
     if setting is None:
         return None
     if setting == REHEARSAL:
-        from rehearsal.engine_wheel import build
         try:
-            files = [build(_cache() / "rehearsal" / "wheelhouse", by_content=True)]
+            files = [rehearsal_adapter.engine_wheel(_cache())]
             local = files[0].parent
         except Exception as exc:  # the message is what to fix
             raise ConfigError([SettingError("gpu-serving:venv.wheelhouse", f"building the rehearsal engine wheel failed: {exc}")]) from None

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from components.remote import identity, ssh
+from components.remote import identity, rehearsal_adapter, ssh
 
 OLD = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
 NEW = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHb0Q5aF0N5bq2f3c2uZr0c0nZqGJ3wC9nD8pX3qk8m1"
@@ -85,7 +85,7 @@ def test_a_remembered_failure_keeps_its_kind():
 
 
 def test_a_rehearsal_connection_is_read_as_its_host_json_says_now(tmp_path, monkeypatch):
-    monkeypatch.setattr(ssh, "REHEARSAL_RUN", str(tmp_path))
+    monkeypatch.setattr(rehearsal_adapter, "RUN", str(tmp_path))
     (tmp_path / "pt1").mkdir()
     (tmp_path / "key").write_text("NEW-LOGIN-KEY")
     (tmp_path / "pt1" / "host.json").write_text(json.dumps({

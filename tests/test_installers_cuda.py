@@ -8,6 +8,7 @@ import pytest
 from components import cuda as cuda_component
 from components.core import cuda as C
 from components.core.config import CudaSettings
+from components.remote import rehearsal_adapter
 
 from .casedata import cases
 
@@ -27,7 +28,7 @@ def test_apt_source(name, case):
         assert case["error"] in str(info.value)
         return
     if case.get("rehearsal"):
-        source = C.rehearsal_repository()
+        source = rehearsal_adapter.cuda_source()
     elif "line" in case:
         source = C.parse_apt_line(case["line"])
     else:
@@ -152,7 +153,7 @@ def test_install_props_rehearsal_pins_the_built_keyring(standin_repo, monkeypatc
     props = cuda_component.install_props(CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))
     assert props["keyringSha256"] == standin_repo.keyring_sha256
     assert props["rehearsalRepo"] == {"localDir": str(standin_repo.repo_dir), "keyringFile": str(standin_repo.keyring),
-                                      "remoteDir": C.REHEARSAL_REPO_DIR}
+                                      "remoteDir": rehearsal_adapter.CUDA_REPO_DIR}
     from components.core.errors import ConfigError
     with pytest.raises(ConfigError, match="does not match the rehearsal repository's keyring"):
         cuda_component.install_props(CudaSettings.model_validate({"aptRepository": "rehearsal", "keyringSha256": "d" * 64}))

@@ -14,7 +14,7 @@ from components.core import cuda as C
 from components import venv as venv_component
 from components.core import venv as V
 from components.core.config import CudaSettings, VenvSettings
-from components.remote import ssh
+from components.remote import rehearsal_adapter, ssh
 from components.remote.installers import CudaToolkitProvider, PythonVenvProvider
 
 pytestmark = pytest.mark.rehearsal
@@ -41,7 +41,7 @@ def state_of_apt(info) -> str:
     """Everything an apt run would touch: its logs, the lists, the pushed repository and our
     source file and keyring (path, size, mtime)."""
     return sh(info, "for f in /var/log/apt/history.log /var/log/dpkg.log /var/lib/apt/lists/* "
-                    f"{C.REHEARSAL_REPO_DIR}/* {C.SOURCE_FILE} {C.REHEARSAL_KEYRING}; do "
+                    f"{rehearsal_adapter.CUDA_REPO_DIR}/* {C.SOURCE_FILE} {rehearsal_adapter.CUDA_KEYRING}; do "
                     "[ -e \"$f\" ] && stat -c '%n %s %Y.%y' \"$f\"; done; true")
 
 
@@ -55,7 +55,7 @@ def cuda_props(rehearsal_host):
                  CudaSettings.model_validate({"version": "13.0", "install": "apt", "aptRepository": "rehearsal"}))}
     # A reused host (GPU_SERVING_TEST_HOST) may have it from an earlier run: start clean.
     rehearsal_host.run("apt-get purge -y -q cuda-toolkit-13-0; rm -rf /usr/local/cuda-13.0 "
-                       f"{C.SOURCE_FILE} {C.REHEARSAL_KEYRING} {C.REHEARSAL_REPO_DIR}", timeout=300)
+                       f"{C.SOURCE_FILE} {rehearsal_adapter.CUDA_KEYRING} {rehearsal_adapter.CUDA_REPO_DIR}", timeout=300)
     return props
 
 
@@ -76,8 +76,8 @@ def test_cuda_installs_from_the_signed_standin_repository(rehearsal_host, cuda_p
     assert "Commandline: apt-get -q -o DPkg::Lock::Timeout=600 install -y --no-install-recommends" in history
     # The real path: a signed-by source in its own file, the keyring pinned by sha256.
     line = sh(info, f"grep -v '^#' {C.SOURCE_FILE}").strip()
-    assert line == outs["sourceLine"] == C.rehearsal_repository().line
-    assert sh(info, f"sha256sum {C.REHEARSAL_KEYRING}").split()[0] == cuda_props["keyringSha256"]
+    assert line == outs["sourceLine"] == rehearsal_adapter.cuda_source().line
+    assert sh(info, f"sha256sum {rehearsal_adapter.CUDA_KEYRING}").split()[0] == cuda_props["keyringSha256"]
     assert sh(info, "readlink -f /usr/local/cuda").strip() == "/usr/local/cuda-13.0"
     assert sh(info, "ls /usr/local/cuda-13.0/lib64").strip()
 

@@ -9,6 +9,11 @@
 Every import counts, also one inside a function. A function-local import of a project module is
 allowed only when it is listed in LAZY with why: such an import used to hold a circle apart,
 and a circle must not come back that way.
+
+The product does not know its test double (issue 37.3): only ADAPTER imports the `rehearsal`
+package (in any form: `import`, `from`, importlib) or spells how a rehearsal host is found or
+started (TEST_HOST_TEXT in a string). The settings' words (`host.rehearsal`,
+`aptRepository: rehearsal`, ...) are the product's and stay.
 """
 from __future__ import annotations
 
@@ -25,14 +30,10 @@ LAZY = {
     ("components.__main__", "components.remote.status"): "`plan` and `switch` never connect: no SSH side loaded",
     ("components.__main__", "components.core.status"): "only `status` renders a host's report",
     ("components.__main__", "components.remote.bench"): "only `bench` runs the benchmark: no SSH side for the others",
-    ("components.__main__", "components.remote.ssh"):
-        "`plan` reads running rehearsal hosts' addresses (host.json, no connection; paramiko stays unloaded)",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
     ("components.watch", "components.traffic_watch"): "every command loads components.watch: only a tick reads the traffic",
     ("components.traffic_watch", "components.remote.ssh"): "loaded by a watch tick only (the SSH side)",
     ("components.traffic_watch", "components.remote.status"): "loaded by a watch tick only (the SSH side)",
-    ("components.metrics_cli", "components.remote.ssh"):
-        "every command loads components.metrics_cli: it reads running rehearsal hosts' addresses (host.json), only when it runs",
     # The program imports remote/ahead.py for its two tokens: the provider's side stays unloaded there.
     ("components.remote.ahead", "components.remote.providers"): "loaded ahead by the provider process only (warm_up)",
     ("components.remote.ahead", "components.remote.ssh"): "the provider process connects; the program never does",
@@ -41,6 +42,11 @@ LAZY = {
     ("components.remote.ahead", "components.remote.fleet_read"): "the provider process reads the fleet; the program never does",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
+# The one module that knows the rehearsal host: how one is found, built, and started.
+ADAPTER = "components.remote.rehearsal_adapter"
+TEST_HOST = "rehearsal"
+# Text that knows where a rehearsal host keeps its record, or how one is started.
+TEST_HOST_TEXT = ("/run/gpu-serving/rehearsal", "host.json", "python -m rehearsal")
 
 
 def module_name(path: Path) -> str:
@@ -79,6 +85,28 @@ def imports_of(path: Path) -> list[tuple[str, bool, int]]:
     return found
 
 
+def couplings_to_the_test_host(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for each place the file knows the test host: an import of `rehearsal` (also
+    inside a function, or by importlib.import_module / __import__), a string with TEST_HOST_TEXT."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if called in ("import_module", "__import__"):
+                names = [node.args[0].value]
+        found += [(node.lineno, f"imports {n}") for n in names if n == TEST_HOST or n.startswith(TEST_HOST + ".")]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [(node.lineno, f"spells {text!r}") for text in TEST_HOST_TEXT if text in node.value]
+    return found
+
+
 def is_module(name: str) -> bool:
     path = ROOT.joinpath(*name.split("."))
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
@@ -100,7 +128,8 @@ def project_graph(files: list[Path]) -> dict[str, list[tuple[str, bool, int]]]:
 
 def problems(files: list[Path]) -> list[str]:
     """Every arrow pointing up, every outside package core must not use, every unlisted
-    function-local project import, and every circle."""
+    function-local project import, every knowledge of the rehearsal host outside ADAPTER, and
+    every circle."""
     found = []
     graph = project_graph(files)
     for f in files:
@@ -115,6 +144,9 @@ def problems(files: list[Path]) -> list[str]:
                 found.append(f"{mod}:{line} imports {target}: an arrow pointing up")
             if local and (mod, target) not in LAZY:
                 found.append(f"{mod}:{line} imports {target} inside a function (not in LAZY)")
+        if mod != ADAPTER:
+            found += [f"{mod}:{line} {what}: only {ADAPTER} knows the rehearsal host"
+                      for line, what in couplings_to_the_test_host(f)]
     found += [f"circle: {' -> '.join(c)}" for c in circles({m: {t for t, _, _ in e} for m, e in graph.items()})]
     return found
 
@@ -188,3 +220,35 @@ def test_the_check_catches_what_it_is_for(tmp_path, monkeypatch, source, expecte
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     found = problems(sorted(root.rglob("*.py")))
     assert any(expected in p for p in found), found
+
+
+@pytest.mark.parametrize("text, what", [
+    ("import rehearsal.host\n", "imports rehearsal.host"),
+    ("def f():\n    from rehearsal.cuda import build_repo\n", "imports rehearsal.cuda"),
+    ("import importlib\nhost = importlib.import_module('rehearsal.host')\n", "imports rehearsal.host"),
+    ("m = __import__('rehearsal')\n", "imports rehearsal"),
+    ("def f(name):\n    return f'{name}/host.json'\n", "spells 'host.json'"),
+    ('"""Start it with python -m rehearsal up."""\n', "spells 'python -m rehearsal'"),
+])
+def test_the_test_host_rule_sees_each_form(tmp_path, text, what):
+    path = tmp_path / "a.py"
+    path.write_text(text)
+    assert [w for _, w in couplings_to_the_test_host(path)] == [what]
+
+
+def test_the_test_host_rule_catches_a_coupling_outside_the_adapter(tmp_path, monkeypatch):
+    """Planted: a core module importing rehearsal and a remote module with the rehearsal hosts'
+    path are both reported; the adapter, doing both, is not. The settings word is no coupling."""
+    root = tmp_path / "components"
+    for sub in ("", "core", "remote"):
+        (root / sub).mkdir(exist_ok=True)
+        (root / sub / "__init__.py").write_text("")
+    (root / "core/a.py").write_text("from rehearsal import host\nREHEARSAL = 'rehearsal'\n")
+    (root / "remote/b.py").write_text("RUN = '/run/gpu-serving/rehearsal'\n")
+    (root / "remote/rehearsal_adapter.py").write_text(
+        "RUN = '/run/gpu-serving/rehearsal'\n\n\ndef wheel():\n    from rehearsal.engine_wheel import build\n    return build\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
+    found = problems(sorted(root.rglob("*.py")))
+    assert found == ["components.core.a:1 imports rehearsal: only components.remote.rehearsal_adapter knows the rehearsal host",
+                     "components.remote.b:1 spells '/run/gpu-serving/rehearsal': only components.remote.rehearsal_adapter "
+                     "knows the rehearsal host"], found

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.remote import identity, providers, ssh
+from components.remote import identity, providers, rehearsal_adapter, ssh
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
@@ -119,7 +119,7 @@ class Settings:
 def declared(monkeypatch):
     monkeypatch.setattr(identity, "_declared", {})
     monkeypatch.setattr(identity, "_left", set())
-    monkeypatch.setattr(ssh, "rehearsal_info", lambda name: None)
+    monkeypatch.setattr(rehearsal_adapter, "host_record", lambda name: None)
 
     def declare(values: dict) -> None:
         identity.remember_config(Settings(values))

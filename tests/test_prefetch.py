@@ -19,7 +19,7 @@ import pytest
 from components.core.plan import plan_stack
 from components.core.reads import refresh_reads
 from components.core import reads
-from components.remote import installers, providers, readcache, ssh
+from components.remote import channels, installers, providers, readcache, ssh
 from tests.test_program_mocks import DYNAMIC, FLEET, ROOT, run_program, stack_config
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ class FakeClient:
 
 @pytest.fixture
 def fake_host(monkeypatch):
-    """ssh.py with `_exec` answering from a table and recording what ran (prefetched or not)."""
+    """ssh.py with `channels.execute` answering from a table and recording what ran (prefetched or not)."""
     t = ssh.Target(host="192.0.2.7", port=22, user="root", private_key="k", host_key="ssh-ed25519 AAAA")
     ran: list[str] = []
     answers: dict[str, tuple[int, bytes, bytes]] = {}
@@ -276,7 +276,7 @@ def fake_host(monkeypatch):
             ran.append(command)
         return answers.get(command, (0, b"fresh\n", b""))
 
-    monkeypatch.setattr(ssh, "_exec", fake_exec)
+    monkeypatch.setattr(channels, "execute", fake_exec)
     monkeypatch.setattr(ssh, "prefetched", readcache.ReadCache())
     monkeypatch.setitem(ssh._clients, t.key, FakeClient())
     monkeypatch.setattr(ssh, "_write_file", lambda *a, **k: None)
@@ -361,8 +361,8 @@ def test_transport_a_prefetch_that_fails_is_a_plain_miss(fake_host, monkeypatch)
     request, = reads.python_venv({"path": "/root/venv_sglang211"})
 
     def broken(*a, **k):
-        raise ssh._Expired()
-    monkeypatch.setattr(ssh, "_exec", broken)
+        raise channels.Expired()
+    monkeypatch.setattr(channels, "execute", broken)
     assert ssh.prefetch(t, [request]) == 1 and ssh.prefetched.wait_idle()
     assert ssh.prefetched.take(ssh._scope(t), (t.key, "run", shlex.join(request["argv"]))) is readcache.MISS
 

@@ -37,7 +37,7 @@ def program_start(tmp_path: Path) -> dict:
 def test_the_program_loads_no_ssh_and_no_automation_api(tmp_path):
     modules = set(program_start(tmp_path)["modules"])
     assert "components.program" in modules
-    # The program never connects: paramiko is the provider process's (components/remote/ssh.py
+    # The program never connects: paramiko is the provider process's (components/remote/lazy_paramiko.py
     # loads it on first use). Nor does it drive Pulumi from inside: the runner defers the
     # Automation API that `import pulumi` would load.
     assert not {m for m in modules if m.startswith("paramiko.")}  # "paramiko" itself: its lazy stand-in

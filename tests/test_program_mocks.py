@@ -68,7 +68,7 @@ def booted(yes: bool = True):
     """The fleets' rehearsal hosts here are never booted: taken as running (their address is then
     the stand-in name), unless a test is about a host that is not (fleet_check.unresolved)."""
     from components import fleet_check
-    with mock.patch.object(fleet_check, "rehearsal_info", lambda name: {"address": f"rehearsal-{name}"} if yes else None):
+    with mock.patch.object(fleet_check, "host_record", lambda name: {"address": f"rehearsal-{name}"} if yes else None):
         yield
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.remote import providers, ssh
+from components.remote import host_keys, providers, ssh
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,7 @@ def test_an_unreachable_fleet_host_is_named_by_its_entry(monkeypatch):
     monkeypatch.setattr(ssh, "CONNECT_BACKOFF", ())
     t = ssh.Target(host="127.0.0.1", port=9, user="root", private_key="", host_key="ssh-ed25519 AAAA", connect_timeout=1,
                    entry="hosts[gpu3]")
-    monkeypatch.setattr(ssh, "_load_key", lambda pem: None)
+    monkeypatch.setattr(host_keys, "load_key", lambda pem: None)
     monkeypatch.setattr(ssh.paramiko.PKey, "from_type_string", staticmethod(lambda kind, data: types.SimpleNamespace(
         get_name=lambda: kind)))
     with pytest.raises(ssh.Unreachable) as exc:

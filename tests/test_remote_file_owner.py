@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from components.core import reads
-from components.remote import providers, ssh
+from components.remote import channels, providers, ssh
 
 PATH = "/etc/gpu-serving/kimi-k2.6.env"
 CONTENT = "NCCL_ALGO=Ring\n"
@@ -81,7 +81,7 @@ def test_over_a_login_other_than_root_the_owner_is_that_logins_and_never_drift(h
 
 def test_the_owner_is_read_with_the_file_and_prefetched_with_it():
     assert [r["op"] for r in reads.remote_file({"path": PATH})] == ["read_file", "stat_mode", "stat_owner"]
-    assert set(ssh.FILE_OPS) == {"read_file", "stat_mode", "stat_owner"}
+    assert set(channels.FILE_OPS) == {"read_file", "stat_mode", "stat_owner"}
 
 
 def test_the_files_hash_is_an_output_of_the_read_never_an_input(host):

@@ -6,7 +6,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from components.remote import ssh
+from components.remote import channels, ssh
 
 
 class Channel:
@@ -71,14 +71,14 @@ def test_concurrent_commands_on_one_connection_queue_below_maxsessions():
     t = ssh.Target(host="10.9.9.9", port=22, user="root", private_key="k", host_key="ssh-ed25519 AAAA")
     c = Client()
     with ThreadPoolExecutor(20) as pool:
-        results = list(pool.map(lambda _: ssh._exec(t, c, "true", None, 30), range(20)))
+        results = list(pool.map(lambda _: channels.execute(t, c, "true", None, 30), range(20)))
     assert all(rc == 0 for rc, _, _ in results)
-    assert c.transport.most == ssh.MAX_CHANNELS  # used to the cap, never past it
+    assert c.transport.most == channels.MAX_CHANNELS  # used to the cap, never past it
     assert not c.transport.open_now
     # Every slot came back: a second burst gets the whole cap again.
     with ThreadPoolExecutor(20) as pool:
-        list(pool.map(lambda _: ssh._exec(t, c, "true", None, 30), range(20)))
-    assert c.transport.most == ssh.MAX_CHANNELS
+        list(pool.map(lambda _: channels.execute(t, c, "true", None, 30), range(20)))
+    assert c.transport.most == channels.MAX_CHANNELS
 
 
 # --- a connection lost under a command: never a result ------------------------------------------
@@ -171,7 +171,7 @@ def scripted_host(monkeypatch):
 
     monkeypatch.setattr(ssh, "_connect", fake_connect)
     monkeypatch.setattr(ssh, "prefetched", readcache.ReadCache())
-    monkeypatch.setattr(ssh, "counters", {"lost": 0, "retried": 0, "refused": 0})
+    monkeypatch.setattr(channels, "counters", {"lost": 0, "retried": 0, "refused": 0})
     monkeypatch.setattr(ssh, "_clients", {})
     monkeypatch.setattr(ssh, "_failures", {})
     return t, connect, opened
@@ -198,7 +198,7 @@ def test_a_command_whose_connection_dropped_is_run_again_on_a_new_one(scripted_h
     assert request["check"] is False  # even a read that takes any exit code
     got = ssh.fetch(t, request)
     assert got.rc == 0 and got.stdout == FACTS_OUT.decode()
-    assert len(opened) == 2 and ssh.counters == {"lost": 1, "retried": 1, "refused": 0}
+    assert len(opened) == 2 and channels.counters == {"lost": 1, "retried": 1, "refused": 0}
 
 
 def test_a_second_drop_is_an_error_never_a_result(scripted_host):
@@ -208,7 +208,7 @@ def test_a_second_drop_is_an_error_never_a_result(scripted_host):
     with pytest.raises(ssh.RemoteError, match=r"reading host facts on root@192\.0\.2\.44:22: connection lost "
                                               r"\(the connection dropped\), twice"):
         ssh.run(t, ["true"], purpose="reading host facts", check=False, read=True)
-    assert ssh.counters == {"lost": 2, "retried": 1, "refused": 0}
+    assert channels.counters == {"lost": 2, "retried": 1, "refused": 0}
 
 
 def test_no_exit_status_on_a_live_connection_is_not_a_result_either(scripted_host):
@@ -217,7 +217,7 @@ def test_no_exit_status_on_a_live_connection_is_not_a_result_either(scripted_hos
     connect(("nostatus", b"partial"))
     connect(("ok", 0, b"whole\n"))
     assert ssh.run(t, ["true"], purpose="probing", check=False).stdout == "whole\n"
-    assert len(opened) == 2 and ssh.counters["retried"] == 1
+    assert len(opened) == 2 and channels.counters["retried"] == 1
 
 
 def test_a_drop_inside_one_connection_stays_an_error(scripted_host):
@@ -291,7 +291,7 @@ def test_a_session_sshd_refuses_is_asked_again_on_the_same_connection(scripted_h
         return tr_open(self, timeout)
     monkeypatch.setattr(ScriptedTransport, "open_session", refusing)
     assert ssh.run(t, ["echo", "x"], purpose="x").stdout == "x\n"
-    assert len(opened) == 1 and ssh.counters == {"lost": 0, "retried": 0, "refused": 2}
+    assert len(opened) == 1 and channels.counters == {"lost": 0, "retried": 0, "refused": 2}
 
 
 def test_a_session_refused_until_the_deadline_is_an_error_that_keeps_the_connection(scripted_host, monkeypatch):
@@ -320,7 +320,7 @@ def test_a_session_open_that_times_out_is_a_lost_connection_replaced_by_a_new_on
         return tr_open(self, timeout)
     monkeypatch.setattr(ScriptedTransport, "open_session", frozen_first)
     assert ssh.run(t, ["echo", "fresh"], purpose="the next command").stdout == "fresh\n"
-    assert len(opened) == 2 and ssh.counters == {"lost": 1, "retried": 1, "refused": 0}
+    assert len(opened) == 2 and channels.counters == {"lost": 1, "retried": 1, "refused": 0}
 
 
 def test_a_fleets_hosts_connect_at_the_same_time_and_one_host_once(monkeypatch):

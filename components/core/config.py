@@ -401,7 +401,7 @@ class HostSettings(Settings):
             ignored = [to_camel(f) for f in ("port", "user", "host_key", "private_key_path") if f in self.model_fields_set]
             if ignored:
                 raise ValueError(f"{', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} only for a real host (with address); "
-                                 f"the rehearsal host {self.rehearsal!r} is reached as `python -m rehearsal up` set it up: "
+                                 f"the rehearsal host {self.rehearsal!r} is reached with the port, user and keys it was booted with: "
                                  f"remove {' and '.join(ignored)}, or set address")
         return self
 

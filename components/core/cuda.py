@@ -48,9 +48,6 @@ KEYRING_FILE = "cuda-archive-keyring.gpg"
 # Our own source file: one line, ours alone (a cuda-keyring install's cuda-<distro>-<arch>.list
 # may sit beside it; both name the same signed-by keyring, so apt accepts the pair).
 SOURCE_FILE = "/etc/apt/sources.list.d/gpu-serving-cuda.list"
-# Rehearsal: where the stand-in repository and its keyring go on the host.
-REHEARSAL_REPO_DIR = "/var/lib/gpu-serving/apt/cuda"
-REHEARSAL_KEYRING = "/usr/share/keyrings/gpu-serving-rehearsal-cuda.gpg"
 # dpkg architecture -> the architecture directory of NVIDIA's repositories.
 NVIDIA_ARCH = {"amd64": "x86_64", "arm64": "sbsa"}
 # A real toolkit is several GB of packages; the install step gets an hour, not the default 10 min.
@@ -115,8 +112,10 @@ def nvidia_repository(os_release: dict, dpkg_arch: str) -> AptSource:
     return AptSource(uri=f"{NVIDIA_REPOS}/{distro}/{arch}/", suite="/", options={"signed-by": NVIDIA_KEYRING})
 
 
-def rehearsal_repository() -> AptSource:
-    return AptSource(uri=f"file:{REHEARSAL_REPO_DIR}/", suite="/", options={"signed-by": REHEARSAL_KEYRING})
+def local_repository(directory: str, keyring: str) -> AptSource:
+    """A repository pushed to the host's `directory`, signed by the keyring at `keyring` there
+    (the rehearsal stand-in: remote/rehearsal_adapter.py names both)."""
+    return AptSource(uri=f"file:{directory}/", suite="/", options={"signed-by": keyring})
 
 
 def render_source_file(source: AptSource) -> str:

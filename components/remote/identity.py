@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from pulumi.dynamic import ReadResult
 
-from . import ssh
+from . import rehearsal_adapter, ssh
 from .common import progress
 
 PRESENTED = "hostKeyPresented"
@@ -133,8 +133,7 @@ def check(olds: dict, news: dict) -> None:
         return
     same = "is still that old key" if declared == stored else f"pins a third key, {ssh.key_fingerprint(declared)}"
     if new.get("rehearsal"):
-        fix = (f"The rehearsal host's own record is stale: `python -m rehearsal restart {new['rehearsal']}` boots it "
-               "with the key it printed, or rebuild it (down, up) and run `pulumi up` again.")
+        fix = rehearsal_adapter.stale_record_fix(str(new["rehearsal"]))
     else:
         fix = (f"If this machine was reinstalled or given a new key, verify the key on the machine itself (its console: "
                f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then set it as {entry}.hostKey; the next "
@@ -196,8 +195,8 @@ def declared_machine(c: dict) -> Optional[str]:
         return None
     target = {"host": now.get("address"), "hostKey": now.get("hostKey") or "", "rehearsal": now.get("rehearsal")}
     if now.get("rehearsal"):
-        info = ssh.rehearsal_info(str(now["rehearsal"])) or {}  # where it runs now, for a state without the label
-        target.update(host=info.get("address"), hostKey=info.get("host_public_key") or "")
+        # Where it runs now, for a state without the label.
+        target.update(rehearsal_adapter.machine(str(now["rehearsal"])) or {"host": None, "hostKey": ""})
     if not ssh.another_machine(c, target):
         return None
     return f"the rehearsal host {now['rehearsal']!r}" if now.get("rehearsal") else str(now.get("address"))

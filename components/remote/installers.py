@@ -30,7 +30,7 @@ from ..core import cuda as C
 from ..core import reads
 from ..core import venv as V
 from ..core.reads import PROBE_TIMEOUT
-from . import identity, ssh
+from . import identity, rehearsal_adapter, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _target
@@ -97,7 +97,7 @@ class CudaToolkitProvider(ResourceProvider):
     def _source(self, props: dict, observed: C.CudaObserved) -> C.AptSource:
         repo = props.get("aptRepository")
         if repo == C.REHEARSAL:
-            return C.rehearsal_repository()
+            return rehearsal_adapter.cuda_source()
         if repo:
             return C.parse_apt_line(repo)
         try:
@@ -141,7 +141,7 @@ class CudaToolkitProvider(ResourceProvider):
         if rehearsal:
             local = Path(rehearsal["localDir"])
             if not local.is_dir():
-                raise ssh.RemoteError(f"the rehearsal CUDA repository {local} is gone: run python -m rehearsal.cuda, then up again")
+                raise ssh.RemoteError(rehearsal_adapter.cuda_repo_gone(str(local)))
             pushed = sync_files(t, {p.name: p for p in local.iterdir() if p.is_file()}, rehearsal["remoteDir"])
             if pushed:
                 _progress(f"cuda: pushed {len(pushed)} file(s) of the rehearsal repository to {rehearsal['remoteDir']}")

@@ -36,7 +36,7 @@ from typing import Any, Callable, Hashable, Iterable
 # Seconds a prefetched result stays servable, counted from the moment its read started.
 MAX_AGE = 5.0
 # Prefetch reads in flight at once per host (each holds an SSH session on that host's connection;
-# the transport keeps a connection's sessions under sshd's limit itself, ssh.MAX_CHANNELS). Per
+# the transport keeps a connection's sessions under sshd's limit itself, channels.MAX_CHANNELS). Per
 # host, not per process: the hosts of a fleet are read at once, none waits behind another's reads.
 WORKERS = 4
 

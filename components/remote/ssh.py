@@ -12,7 +12,11 @@ same operation one after the other (the failure is remembered for `FAILURE_MEMOR
 
 An answer counts only with its exit status: a channel that ends without one lost its connection
 (its output may be cut short), so the command runs again once on a new connection, or fails.
-No half-close is sent for a command without input (see `_exec`).
+No half-close is sent for a command without input (see channels.py).
+
+The parts live one floor down: the host key and a machine's identity (host_keys.py), what runs
+on one open connection (channels.py), the Target (target.py), the errors (errors.py). Callers
+use them through this module (`ssh.Target`, `ssh.RemoteError`, `ssh.key_fingerprint`, ...).
 
 Reads can be started ahead (`prefetch`, see readcache.py): a read-only request (`fetch`, or `run`
 with ``read=True``, `read_file`, `stat_mode`, `stat_owner`) takes a prefetched result of the very same request
@@ -23,53 +27,23 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import io
-import logging
-import os
 import posixpath
 import secrets
 import shlex
 import socket
-import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from . import handoff, readcache
-
-
-def _lazy_import(name: str):
-    """The module, loaded on its first attribute access (importlib's LazyLoader). The Pulumi
-    program imports this module only to declare the providers, and never connects: paramiko's
-    ~60 ms of imports are paid by the provider process alone, which connects."""
-    import importlib.util
-    import sys
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
-
-
-# paramiko imports invoke (a dependency of its own) only to run the `Match exec` lines of an
-# ssh_config file, and gpu-serving never reads one: every connection setting is the stack's.
-# invoke's import (asyncio, unittest.mock, yaml) was ~0.1 s of every provider process's first
-# read (docs/benchmarks.md). Marked absent, paramiko takes its own "no invoke" path; a process
-# that loaded invoke already keeps it.
-sys.modules.setdefault("invoke", None)
-paramiko = _lazy_import("paramiko")
-# paramiko's transport thread logs a connection it gives up (a host that sends no SSH banner) with
-# its traceback, which lands on the provider's stderr and so in the engine's output (issue 36.12);
-# the caller gets the same failure as one line (Unreachable). No handler: nothing of it is printed.
-logging.getLogger("paramiko").addHandler(logging.NullHandler())
-logging.getLogger("paramiko").propagate = False
+from . import channels, handoff, host_keys, readcache
+from .errors import RemoteError, Unreachable, redact
+from .lazy_paramiko import paramiko
+from .target import Target
+# The transport's one name for callers: they use these as ssh.<name>, wherever they are defined.
+from .channels import Result, counters  # noqa: F401
+from .host_keys import (CONNECTION_LABELS, HostKeyChanged, another_machine, key_blob,  # noqa: F401
+                        key_fingerprint, reach)
 
 # Seconds between connection attempts: a host rebooting or sshd restarting gets a few tries.
 # No attempt starts later than 2 x connectTimeout after the first, so an unreachable host fails
@@ -80,176 +54,10 @@ CONNECT_BACKOFF = (1.0, 3.0)
 FAILURE_MEMORY = 30.0
 
 
-class RemoteError(Exception):
-    """A remote step failed; the message is safe to show (secrets redacted)."""
-
-
 # Reads started ahead of the resource that needs them (readcache.py): one store per process.
 prefetched = readcache.ReadCache()
 # A change of a host also drops what this process would hand to the update (handoff.py).
 prefetched.on_change(handoff.recorder.forget_scope)
-
-
-# The rehearsal hosts' own record of how to reach them (`python -m rehearsal up` writes it).
-REHEARSAL_RUN = "/run/gpu-serving/rehearsal"
-# Parts of a connection that only name it in messages: never a reason to reconnect or update.
-CONNECTION_LABELS = ("entry", "keyFrom", "rehearsal")
-
-
-def rehearsal_addresses() -> dict[str, str]:
-    """Every running rehearsal host's address by name (from the host.json files)."""
-    out = {}
-    try:
-        names = os.listdir(REHEARSAL_RUN)
-    except OSError:
-        return out
-    for name in names:
-        info = rehearsal_info(name)
-        if info and isinstance(info.get("address"), str):
-            out[name] = info["address"]
-    return out
-
-
-def rehearsal_info(name: str) -> Optional[dict]:
-    """The running rehearsal host `name` as its host.json says (address, keys), or None."""
-    import json
-    try:
-        with open(posixpath.join(REHEARSAL_RUN, name, "host.json")) as f:
-            info = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return info if isinstance(info, dict) and info.get("state") == "running" and info.get("address") else None
-
-
-def _rehearsal_now(c: dict) -> dict:
-    """A rehearsal entry's connection as the host says now. Its host.json on this machine is the
-    declaration (the program builds the connection from it), so a rehearsal host rebuilt since the
-    last up, with a new host key, address or login key, is read as it is now rather than through
-    the state's stale copy."""
-    info = rehearsal_info(c["rehearsal"]) if isinstance(c.get("rehearsal"), str) else None
-    if info is None or not info.get("host_public_key") or not info.get("private_key"):
-        return c
-    try:
-        with open(info["private_key"]) as f:
-            key = f.read()
-    except OSError:
-        return c
-    return {**c, "host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
-            "privateKey": key, "hostKey": info["host_public_key"]}
-
-
-def reach(connection: Any) -> Any:
-    """What a connection is compared by in a diff: where and how it connects, not its labels."""
-    if not isinstance(connection, dict):
-        return connection
-    return {k: v for k, v in connection.items() if k not in CONNECTION_LABELS}
-
-
-def another_machine(old: Any, new: Any) -> bool:
-    """Whether two connections reach different machines: another rehearsal host, or another
-    address *and* another host key. A machine renumbered keeps its key and one reinstalled
-    keeps its address: both are the same machine (an update there); a stack pointed at another
-    box is a move (its unit is started there and stopped and removed where it served)."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return False
-    if old.get("rehearsal") and new.get("rehearsal"):
-        return old["rehearsal"] != new["rehearsal"]  # a rebuilt rehearsal host keeps its name
-    return old.get("host") != new.get("host") and key_blob(old.get("hostKey", "")) != key_blob(new.get("hostKey", ""))
-
-
-def key_blob(line: str) -> str:
-    """"type base64" of a host key line (a comment dropped), to compare two keys."""
-    return " ".join(str(line or "").split()[:2])
-
-
-def key_fingerprint(line: str) -> str:
-    """The key's type and SHA256 fingerprint as `ssh-keygen -l` prints it."""
-    import base64
-    kind, _, rest = key_blob(line).partition(" ")
-    try:
-        blob = base64.b64decode(rest, validate=True)
-    except ValueError:
-        return f"{kind} (not a valid key)"
-    return f"{kind} SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-
-
-@dataclass(frozen=True)
-class Target:
-    """Where and how to reach a host. Built from a provider's props (a plain dict)."""
-
-    host: str
-    port: int
-    user: str
-    private_key: str
-    host_key: str
-    connect_timeout: float = 15.0
-    command_timeout: float = 600.0
-    # For messages only: the stack's name for the machine (`hosts[gpu2]`, `gpu-serving:host`)
-    # and where the pinned key comes from.
-    entry: str = ""
-    key_from: str = ""
-
-    @classmethod
-    def from_props(cls, props: dict[str, Any], stored: bool = False) -> "Target":
-        """`stored`: the props are the state's (a read or a delete), so the key was recorded at
-        the last up; messages say so."""
-        c = _rehearsal_now(props["connection"])
-        key_from = c.get("keyFrom") or "gpu-serving:host.hostKey"
-        if stored and not c.get("rehearsal"):
-            key_from = f"the stack's state (recorded from {key_from} at the last `pulumi up`)"
-        return cls(host=c["host"], port=int(c["port"]), user=c["user"], private_key=c["privateKey"],
-                   host_key=c["hostKey"], connect_timeout=float(c.get("connectTimeout", 15)),
-                   command_timeout=float(c.get("commandTimeout", 600)), entry=c.get("entry") or "", key_from=key_from)
-
-    @property
-    def label(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-    @property
-    def named(self) -> str:
-        """The label with the stack's name for the machine: `hosts[gpu2] (root@10.0.0.12:22)`."""
-        return f"{self.entry} ({self.label})" if self.entry else self.label
-
-    @property
-    def key(self) -> tuple:
-        return (self.host, self.port, self.user, self.host_key, hashlib.sha256(self.private_key.encode()).hexdigest())
-
-
-class HostKeyChanged(RemoteError):
-    """The host presented another key than the pinned one; nothing was sent to it (the check
-    comes before authentication). `presented` is its public key line."""
-
-    def __init__(self, message: str, presented: str = "", pinned: str = ""):
-        super().__init__(message)
-        self.presented, self.pinned = presented, pinned
-
-
-class Unreachable(RemoteError):
-    """No SSH connection could be opened (refused, no route, no answer within the bound)."""
-
-
-def redact(text: str, secret_values: Iterable[str]) -> str:
-    for value in secret_values:
-        if value and len(value) >= 4:
-            text = text.replace(value, "[secret]")
-    return text
-
-
-def _load_key(pem: str) -> paramiko.PKey:
-    errors = []
-    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
-        try:
-            return cls.from_private_key(io.StringIO(pem))
-        except Exception as exc:  # wrong type: try the next one
-            errors.append(type(exc).__name__)
-    # Never include the key text: it is the secret.
-    raise RemoteError("the SSH private key (gpu-serving:sshPrivateKey or host.privateKeyPath) could not be read "
-                      "as an ed25519, ECDSA or RSA key")
-
-
-def _fingerprint(key: paramiko.PKey) -> str:
-    import base64
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 _clients: dict[tuple, paramiko.SSHClient] = {}
@@ -265,17 +73,13 @@ opened_connections = 0
 
 def _connect(t: Target) -> paramiko.SSHClient:
     global opened_connections
-    kind, _, b64 = t.host_key.partition(" ")
-    try:
-        pinned = paramiko.PKey.from_type_string(kind, __import__("base64").b64decode(b64.split()[0]))
-    except Exception:
-        raise RemoteError(f"gpu-serving:host.hostKey for {t.label} is not a valid public key line") from None
+    pinned = host_keys.pinned_key(t)
     client = paramiko.SSHClient()
     hostname = t.host if t.port == 22 else f"[{t.host}]:{t.port}"
     client.get_host_keys().add(hostname, pinned.get_name(), pinned)
     # Only the pinned key is accepted; an unknown host is refused, never learned.
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    pkey = _load_key(t.private_key)
+    pkey = host_keys.load_key(t.private_key)
     last: Optional[Exception] = None
     start = time.monotonic()
     attempts = 0
@@ -294,12 +98,7 @@ def _connect(t: Target) -> paramiko.SSHClient:
             return client
         except paramiko.BadHostKeyException as exc:
             client.close()
-            raise HostKeyChanged(
-                f"host identity check failed for {t.named}: it presented {exc.key.get_name()} {_fingerprint(exc.key)}, "
-                f"but {t.key_from} pins {pinned.get_name()} {_fingerprint(pinned)}. Refusing to connect: nothing was "
-                "sent to it. Another machine answers there, or this one was reinstalled or got a new key: verify the "
-                "key on the machine itself, then set it as the entry's hostKey (README: \"A host reinstalled\").",
-                presented=f"{exc.key.get_name()} {exc.key.get_base64()}", pinned=t.host_key) from None
+            raise host_keys.changed(t, exc.key, pinned) from None
         except paramiko.AuthenticationException:
             raise RemoteError(f"SSH authentication as {t.user} failed on {t.label}: the key is not authorized there") from None
         except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
@@ -420,141 +219,6 @@ def drop(t: Target) -> None:
         c.close()
 
 
-@dataclass
-class Result:
-    rc: int
-    stdout: str
-    stderr: str
-
-
-class _Expired(Exception):
-    pass
-
-
-class _Lost(EOFError):
-    """The command's channel closed without an exit status: the connection dropped under it
-    (or the command was killed by a signal, which OpenSSH reports as no status paramiko reads).
-    Its output may be cut short, so it is never a result: `_run` reconnects and runs it again."""
-
-
-# What the transport saw (benchmarks and the rehearsal stress test read them): commands that
-# lost their connection, the commands run again on a new one, sessions sshd refused (asked again).
-counters = {"lost": 0, "retried": 0, "refused": 0}
-_counters_lock = threading.Lock()
-
-
-def _count(name: str) -> None:
-    with _counters_lock:
-        counters[name] += 1
-
-
-# sshd refuses channels beyond MaxSessions per connection (OpenSSH's default: 10), and paramiko
-# can only report the refusal as a lost connection. A refresh reads every resource at once and
-# starts their reads ahead, so the sessions open at the same time on one connection are capped
-# here, below that default with room for the switch lock's own channel (providers._lock).
-MAX_CHANNELS = 8
-# First pause before asking again for a session sshd refused (doubling up to 0.5 s).
-REFUSED_PAUSE = 0.02
-_channel_slots: dict[tuple, threading.BoundedSemaphore] = {}
-_channel_slots_lock = threading.Lock()
-
-
-def _slots(t: Target) -> threading.BoundedSemaphore:
-    with _channel_slots_lock:
-        return _channel_slots.setdefault(t.key, threading.BoundedSemaphore(MAX_CHANNELS))
-
-
-def _open_channel(t: Target, c: paramiko.SSHClient, timeout: float) -> paramiko.Channel:
-    """A new session on the connection, once one of its MAX_CHANNELS slots is free; the caller
-    gives the slot back with `_close_channel` (exactly once)."""
-    transport = c.get_transport()
-    if transport is None or not transport.is_active():
-        raise EOFError("the connection is closed")
-    if not _slots(t).acquire(timeout=timeout):
-        raise socket.timeout(f"no free SSH session on the connection within {timeout:g} s")
-    try:
-        wait = min(timeout, max(t.connect_timeout, 10.0))
-        deadline, pause = time.monotonic() + wait, REFUSED_PAUSE
-        while True:
-            try:
-                return transport.open_session(timeout=wait)
-            except paramiko.SSHException as exc:
-                # An open that sshd answered with a refusal, on a live connection, is not a lost
-                # connection: its MaxSessions also counts sessions whose command has exited until
-                # sshd has reaped it, so a burst of short commands can meet a refusal under our
-                # own cap. (paramiko keeps one refusal per connection: with several opens at once,
-                # the others see a bare "Unable to open channel.") Ask again shortly; dropping the
-                # connection would cut every other command on it. No answer at all (a timeout, a
-                # frozen connection) stays a lost connection: the caller opens a new one.
-                refused = isinstance(exc, paramiko.ChannelException) or str(exc) == "Unable to open channel."
-                if not refused or not transport.is_active():
-                    raise
-                if time.monotonic() + pause > deadline:
-                    raise paramiko.ChannelException(getattr(exc, "code", 0), getattr(exc, "text", str(exc))) from None
-                _count("refused")
-                time.sleep(pause)
-                pause = min(pause * 2, 0.5)
-    except BaseException:
-        _slots(t).release()
-        raise
-
-
-def _close_channel(t: Target, chan: paramiko.Channel) -> None:
-    try:
-        chan.close()
-    finally:
-        _slots(t).release()
-
-
-def _exec(t: Target, c: paramiko.SSHClient, command: str, input: Optional[bytes], timeout: float) -> tuple[int, bytes, bytes]:
-    """One command with a deadline for its whole run: at the deadline the channel is closed."""
-    chan = _open_channel(t, c, timeout)
-    expired = threading.Event()
-
-    def expire():
-        expired.set()
-        chan.close()
-    timer = threading.Timer(timeout, expire)
-    timer.daemon = True
-    timer.start()
-    try:
-        chan.settimeout(timeout)
-        if input is None:
-            # No half-close when there is nothing to send: an EOF sent after a short command's
-            # channel was already closed by the server makes OpenSSH drop the whole connection
-            # ("ieof packet referred to nonexistent channel"). Stdin is /dev/null instead, so a
-            # command that reads it sees its end at once, as it would have seen our EOF.
-            chan.exec_command(command + " </dev/null")
-        else:
-            chan.exec_command(command)
-            chan.sendall(input)
-            chan.shutdown_write()
-        out, err = bytearray(), bytearray()
-        for sink, recv in ((out, chan.recv), (err, chan.recv_stderr)):
-            while True:
-                data = recv(65536)
-                if not data:
-                    break
-                sink += data
-        rc = chan.recv_exit_status()
-        if rc is None or rc < 0:
-            # paramiko's "no status came" (-1): the output read so far may be cut short.
-            transport = c.get_transport()
-            gone = transport is None or not transport.is_active()
-            raise _Lost("the connection dropped" if gone else "the command ended without an exit status")
-    except (socket.timeout, paramiko.SSHException, EOFError, OSError) as exc:
-        # socket.timeout: no data for `timeout` seconds, i.e. the deadline as well.
-        if expired.is_set() or isinstance(exc, socket.timeout):
-            raise _Expired() from None
-        raise
-    finally:
-        timer.cancel()
-        _close_channel(t, chan)
-    if expired.is_set():
-        raise _Expired()
-    return rc, bytes(out), bytes(err)
-
-
 def _scope(t: Target) -> tuple:
     """What a change invalidates: the host (whoever logs in to it)."""
     return (t.host, t.port)
@@ -608,20 +272,20 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
     for attempt in range(2):
         c = client(t)
         try:
-            rc, out, err = _exec(t, c, command, input, timeout)
+            rc, out, err = channels.execute(t, c, command, input, timeout)
             break
-        except _Expired:
+        except channels.Expired:
             raise RemoteError(f"{purpose} on {t.label} did not finish within {timeout:g} s (timed out)") from None
         except paramiko.ChannelException as exc:
-            # Refused again and again (see _open_channel) on a live connection: not a lost one.
+            # Refused again and again (see channels.open_channel) on a live connection: not a lost one.
             raise RemoteError(f"{purpose} on {t.label}: sshd refused a new session ({exc.text or exc.code}); "
                               "is MaxSessions in its sshd_config below 10?") from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
             # A connection that died between two commands, or under one (no exit status), is
             # reopened once and the command run again; a second failure is real. Inside
             # one_connection it is not reopened at all (client() says why).
-            _count("lost")
-            why = str(exc) if isinstance(exc, _Lost) else type(exc).__name__
+            channels.count("lost")
+            why = str(exc) if isinstance(exc, channels.Lost) else type(exc).__name__
             if _pin(t) is not None:
                 client(t)
                 raise RemoteError(f"{purpose} on {t.label}: connection lost ({why})") from None
@@ -629,7 +293,7 @@ def _run(t: Target, command: str, input: Optional[bytes], timeout: float, purpos
             if attempt:
                 raise RemoteError(f"{purpose} on {t.label}: connection lost ({why}), twice; "
                                   "no answer was taken from it") from None
-            _count("retried")
+            channels.count("retried")
     return rc, out, err
 
 
@@ -638,7 +302,7 @@ def _sftp(t: Target, what: str):
     """An SFTP session whose requests time out (host.commandTimeoutSeconds), as a RemoteError."""
     c = client(t)
     try:
-        chan, sftp = _start_sftp(t, c)
+        chan, sftp = channels.start_sftp(t, c)
     except socket.timeout:
         raise RemoteError(f"{what} on {t.label}: the SFTP session did not open within {t.command_timeout:g} s") from None
     except (paramiko.SSHException, EOFError) as exc:
@@ -658,54 +322,7 @@ def _sftp(t: Target, what: str):
             raise  # the server's answer about the file (no such file, permission denied, ...)
         raise RemoteError(f"{what} on {t.label}: connection lost ({exc})") from None
     finally:
-        _end_sftp(t, chan, sftp)
-
-
-def _start_sftp(t: Target, c: paramiko.SSHClient) -> tuple[paramiko.Channel, paramiko.SFTPClient]:
-    """An SFTP client on a new session of connection `c` (paramiko's own errors; on one, the
-    session and its slot are given back). End it with `_end_sftp`."""
-    chan = _open_channel(t, c, t.command_timeout)
-    try:
-        chan.settimeout(t.command_timeout)
-        chan.invoke_subsystem("sftp")
-        return chan, paramiko.SFTPClient(chan)
-    except BaseException:
-        _close_channel(t, chan)
-        raise
-
-
-def _end_sftp(t: Target, chan: paramiko.Channel, sftp: paramiko.SFTPClient) -> None:
-    try:
-        sftp.close()
-    finally:
-        _close_channel(t, chan)
-
-
-def _read_bytes(sftp: paramiko.SFTPClient, path: str) -> Optional[bytes]:
-    try:
-        with sftp.open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-    except IOError as exc:
-        if getattr(exc, "errno", None) == 2:
-            return None
-        raise
-
-
-def _mode(sftp: paramiko.SFTPClient, path: str) -> Optional[int]:
-    try:
-        return sftp.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        return None
-
-
-def _owner(sftp: paramiko.SFTPClient, path: str) -> Optional[str]:
-    try:
-        st = sftp.stat(path)
-    except FileNotFoundError:
-        return None
-    return f"{st.st_uid}:{st.st_gid}"
+        channels.end_sftp(t, chan, sftp)
 
 
 def _sftp_read(t: Target, kind: str, path: str, what: str, read):
@@ -726,16 +343,16 @@ def _sftp_read(t: Target, kind: str, path: str, what: str, read):
 
 def read_file(t: Target, path: str) -> Optional[bytes]:
     """The file's bytes, or None when it does not exist."""
-    return _sftp_read(t, "read_file", path, f"reading {path}", _read_bytes)
+    return _sftp_read(t, "read_file", path, f"reading {path}", channels.read_bytes)
 
 
 def stat_mode(t: Target, path: str) -> Optional[int]:
-    return _sftp_read(t, "stat_mode", path, f"reading the mode of {path}", _mode)
+    return _sftp_read(t, "stat_mode", path, f"reading the mode of {path}", channels.mode)
 
 
 def stat_owner(t: Target, path: str) -> Optional[str]:
     """The file's owner as "uid:gid", or None when it does not exist."""
-    return _sftp_read(t, "stat_owner", path, f"reading the owner of {path}", _owner)
+    return _sftp_read(t, "stat_owner", path, f"reading the owner of {path}", channels.owner)
 
 
 # $1 directory, $2 name pattern of our temporary files for one target file.
@@ -815,17 +432,13 @@ def fetch_first(t: Target, request: dict):
     return result
 
 
-# The reads of a file (reads.py ops), each on an open SFTP session.
-FILE_OPS = {"read_file": _read_bytes, "stat_mode": _mode, "stat_owner": _owner}
-
-
 def request_key(t: Target, request: dict) -> Optional[tuple]:
     """The key a read request of reads.py is held under (readcache.py), or None if malformed."""
     op = request.get("op") if isinstance(request, dict) else None
     if op == "run" and isinstance(request.get("argv"), list) and request["argv"] \
             and all(isinstance(a, str) for a in request["argv"]):
         return (t.key, "run", shlex.join(request["argv"]))
-    if op in FILE_OPS and isinstance(request.get("path"), str):
+    if op in channels.FILE_OPS and isinstance(request.get("path"), str):
         return (t.key, op, request["path"])
     return None
 
@@ -888,22 +501,22 @@ def prefetch(t: Target, requests: list[dict]) -> int:
 
 def _prefetch_command(t: Target, c: paramiko.SSHClient, command: str, timeout: float) -> dict:
     # Over the given connection only: no reconnect, no retry, no drop (the real read does those).
-    # A lost connection (`_Lost`: no exit status) raises, so nothing is stored for the real read.
-    rc, out, err = _exec(t, c, command, None, timeout)
-    if rc is None or rc < 0:  # never a result, whatever _exec becomes
-        raise _Lost("no exit status")
+    # A lost connection (`channels.Lost`: no exit status) raises, so nothing is stored for the real read.
+    rc, out, err = channels.execute(t, c, command, None, timeout)
+    if rc is None or rc < 0:  # never a result, whatever execute becomes
+        raise channels.Lost("no exit status")
     return {(t.key, "run", command): Result(rc, out.decode(errors="replace"), err.decode(errors="replace"))}
 
 
 def _prefetch_file(t: Target, c: paramiko.SSHClient, path: str, ops: tuple) -> dict:
-    chan, sftp = _start_sftp(t, c)
+    chan, sftp = channels.start_sftp(t, c)
     out: dict = {}
     try:
         for op in ops:
             try:
-                out[(t.key, op, path)] = FILE_OPS[op](sftp, path)
+                out[(t.key, op, path)] = channels.FILE_OPS[op](sftp, path)
             except Exception:  # noqa: BLE001 - left out: the real read makes it, and says why it fails
                 pass
     finally:
-        _end_sftp(t, chan, sftp)
+        channels.end_sftp(t, chan, sftp)
     return out

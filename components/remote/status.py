@@ -21,7 +21,7 @@ from ..core.plan import CheckedStack, ServingPlan, check_stack, declared_layout
 from ..core.stack_config import from_files, stack_names
 from ..core.status_verdict import summarize
 from ..core.unit import UNIT_DIR
-from . import probe, ssh
+from . import probe, rehearsal_adapter, ssh
 from .status_router import add_memberships
 
 
@@ -65,12 +65,11 @@ def connection(settings, stack: str, project_dir: Path, checked: CheckedStack) -
     h = settings.host
     timeouts = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
     if h.is_rehearsal:
-        info = ssh.rehearsal_info(h.rehearsal)
-        if info is None:
+        reach = rehearsal_adapter.connection(h.rehearsal)
+        if reach is None:
             raise RehearsalHostDown(f"the rehearsal host {h.rehearsal!r} is not running, so nothing serves there"
-                                    f" (boot it: `python -m rehearsal up {h.rehearsal}`)")
-        return {"host": info["address"], "port": int(info.get("port", 22)), "user": info.get("user", "root"),
-                "privateKey": Path(info["private_key"]).read_text(), "hostKey": info["host_public_key"], **timeouts}
+                                    f" (boot it: `{rehearsal_adapter.boot_it(h.rehearsal)}`)")
+        return {**reach, **timeouts}
     if not h.host_key:
         raise StatusError(f"gpu-serving:host.hostKey is required for a real host ({h.address}): "
                           f"pin it (ssh-keyscan -t ed25519 {h.address})")
@@ -187,7 +186,7 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
     hosts: dict[str, dict] = {}
     # A multi-node layout names rank 0's address: a running rehearsal host's, as the program
     # renders it (without it, every rank's unit would read as drift).
-    addresses = ssh.rehearsal_addresses()
+    addresses = rehearsal_adapter.addresses()
     routers: dict[tuple, dict] = {}
     for stack in names:
         try:
