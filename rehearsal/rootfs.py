@@ -92,39 +92,82 @@ def rootfs_dir() -> Path:
 # Building it (once)
 
 
-def _debian_mirror() -> str:
-    """The Debian mirror of this machine's apt sources (suite bookworm), or deb.debian.org."""
-    if os.environ.get("REHEARSAL_DEBIAN_MIRROR"):
-        return os.environ["REHEARSAL_DEBIAN_MIRROR"]
-    candidates: list[tuple[str, list[str]]] = []
-    files = [Path("/etc/apt/sources.list")] + sorted(Path("/etc/apt/sources.list.d").glob("*"))
+# The variable that names the Debian mirror outright, when this machine's apt sources name none
+# of suite SUITE (a machine of another distribution, or one whose sources are elsewhere).
+MIRROR_VARIABLE = "REHEARSAL_DEBIAN_MIRROR"
+APT_SOURCES = Path("/etc/apt/sources.list")
+APT_SOURCE_PARTS = Path("/etc/apt/sources.list.d")
+# What debootstrap can fetch from.
+MIRROR_SCHEMES = ("http://", "https://", "file:/")
+
+
+def apt_source_files(sources: Path = APT_SOURCES, parts: Path = APT_SOURCE_PARTS) -> list[Path]:
+    """The files apt reads its sources from, in its order: sources.list, then the parts' *.list
+    (one-line form) and *.sources (deb822 form) by name; apt ignores any other name there."""
+    try:
+        named = sorted((p for p in parts.iterdir() if p.suffix in (".list", ".sources")), key=lambda p: p.name)
+    except OSError:
+        named = []
+    return [sources, *named]
+
+
+def one_line_sources(text: str) -> list[tuple[str, list[str]]]:
+    """(URI, [suite]) of each `deb [options] URI suite components` line (sources.list(5))."""
+    found = []
+    for line in text.splitlines():
+        m = re.match(r"\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+(\S+)", line.split("#", 1)[0])
+        if m:
+            found.append((m.group(1), [m.group(2)]))
+    return found
+
+
+def deb822_sources(text: str) -> list[tuple[str, list[str]]]:
+    """(URI, suites) of each enabled `Types: deb` stanza (sources.list(5), deb822 form): fields
+    `Name: value`, a value continued on lines that start with a blank, stanzas apart by an empty
+    line, `#` lines left out."""
+    found = []
+    for stanza in re.split(r"\n[ \t]*\n", text):
+        fields: dict[str, str] = {}
+        last = None
+        for line in stanza.splitlines():
+            if line.startswith("#"):
+                continue
+            if line[:1] in (" ", "\t") and last is not None:
+                fields[last] += " " + line.strip()
+            elif ":" in line:
+                name, value = line.split(":", 1)
+                last = name.strip().lower()
+                fields[last] = value.strip()
+        if "deb" in fields.get("types", "").split() and fields.get("enabled", "yes").lower() != "no":
+            found += [(uri, fields.get("suites", "").split()) for uri in fields.get("uris", "").split()]
+    return found
+
+
+def debian_mirror(environ=os.environ, sources: Path = APT_SOURCES, parts: Path = APT_SOURCE_PARTS) -> str:
+    """The Debian mirror debootstrap builds the base from: `REHEARSAL_DEBIAN_MIRROR`, else the
+    first source of suite SUITE in this machine's apt sources. Never a mirror of our own choosing:
+    with none of them, RehearsalError names the files read and the variable."""
+    if environ.get(MIRROR_VARIABLE):
+        return environ[MIRROR_VARIABLE]
+    files = apt_source_files(sources, parts)
+    read = []
     for f in files:
         try:
             text = f.read_text()
         except OSError:
+            read.append(f"{f} (absent)" if not f.exists() else f"{f} (unreadable)")
             continue
-        if f.suffix == ".sources":
-            for stanza in re.split(r"\n\s*\n", text):
-                fields = {}
-                for line in stanza.splitlines():
-                    if line.startswith("#") or ":" not in line:
-                        continue
-                    k, v = line.split(":", 1)
-                    fields[k.strip().lower()] = v.split()
-                if "deb" in fields.get("types", []):
-                    for uri in fields.get("uris", []):
-                        candidates.append((uri, fields.get("suites", [])))
-        else:
-            for line in text.splitlines():
-                parts = line.split("#", 1)[0].split()
-                if len(parts) >= 3 and parts[0] == "deb":
-                    rest = [p for p in parts[1:] if not p.startswith("[")]
-                    if len(rest) >= 2:
-                        candidates.append((rest[0], [rest[1]]))
-    for uri, suites in candidates:
-        if SUITE in suites and "security" not in uri:
-            return uri
-    return "http://deb.debian.org/debian"
+        read.append(str(f))
+        for uri, suites in (deb822_sources(text) if f.suffix == ".sources" else one_line_sources(text)):
+            if SUITE in suites and uri.startswith(MIRROR_SCHEMES):
+                return uri
+    if len(files) == 1:
+        read.append(f"no *.list or *.sources in {parts}")
+    raise RehearsalError(
+        f"no Debian {SUITE} mirror to build the rehearsal hosts' base from: this machine's apt sources "
+        f"({', '.join(read)}) name no `deb` source of suite {SUITE} over http(s) or file. Set {MIRROR_VARIABLE} "
+        f"to the URL of a Debian mirror that carries {SUITE} (e.g. {MIRROR_VARIABLE}=http://<mirror>/debian), "
+        "then run `python -m rehearsal up` again")
 
 
 def _configure_rootfs(root: Path) -> None:
@@ -180,7 +223,7 @@ def ensure_rootfs(force: bool = False) -> Path:
             safe_rmtree(stale)
         tmp = root / f".build-{final.name}-{os.getpid()}"
         log_path = root / "rootfs-build.log"
-        mirror = _debian_mirror()
+        mirror = debian_mirror()
         debs = root / "debs"
         debs.mkdir(exist_ok=True)
         argv = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}",
