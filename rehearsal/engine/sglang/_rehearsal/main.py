@@ -442,10 +442,12 @@ class Engine:
         shards = checkpoint.check(args.model_path)  # every shard there and whole, or SGLang's failure
         if self.fault == "hang_during_load":
             self.wait(None)
-        if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join") or oom:
+        if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join", "crash_printing_environment") or oom:
             self.wait(load_seconds / 2)
             if oom:
                 raise oom
+            if self.fault == "crash_printing_environment":
+                raise Refusal("load", "OSError", faults.environment_dump(env))
             if self.fault == "oom_during_load":
                 raise Refusal("load", "torch.OutOfMemoryError",
                               "CUDA out of memory. Tried to allocate 2.00 GiB. (rehearsal fault oom_during_load)")
