@@ -139,7 +139,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
         fig.get_suptitle()
     assert all("rehearsal engine 0.0.1+rehearsal" in s.label() for s in c.series)
 
-    # Keep this run's results for the README's picture (docs/img/compare-rehearsal.png).
+    # Keep this run's results for the picture of docs/choosing-a-strategy.md (docs/img/compare-rehearsal.png).
     keep = os.environ.get("GPU_SERVING_KEEP_BENCH")
     if keep:
         shutil.copytree(d.project / "results" / "bench", Path(keep), dirs_exist_ok=True)
