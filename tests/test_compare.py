@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from components import compare as cli_compare
+from components.cli import compare as cli_compare
 from components.__main__ import main
 from components.core import compare
 from components.core.bench_results import BenchResultError, load_runs, parse_output_file

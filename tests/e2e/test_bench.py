@@ -123,7 +123,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
 
     # The series drawn: one line per strategy on both plots, at the levels measured, with the
     # stored figures (what tests/test_compare.py checks on data files, here on this run's files).
-    from components import compare as cli_compare
+    from components.cli import compare as cli_compare
     from components.core import compare as core_compare
     c = core_compare.load(d.project / "results" / "bench", ["tp8", "pp8"])
     fig = cli_compare.figure(c)
