@@ -213,10 +213,11 @@ class LeakyTwoNodes(TwoNodes):
 @pytest.mark.parametrize("rollback_fails", [False, True], ids=["rolled back", "rollback failed"])
 def test_a_failed_multi_node_switch_never_carries_the_token(two_nodes, capsys, rollback_fails):
     """The multi-node provider's own path (MultiNodeServiceProvider.create to the error the engine
-    shows, through `_fail_all`): the failed rank's journal tail holds the HF token; the token
-    (secretEnvironment) is in none of the error, the outputs a failed rollback records
-    (`switchFailure`, the readiness report with its `rollback`), or the lines the provider
-    printed. Asserted on the value itself; not blind: the journal's line is in the message."""
+    shows, through the switch executor's `fail`): the failed rank's journal tail holds the HF
+    token; the token (secretEnvironment) is in none of the error, the outputs a failed rollback
+    records (`switchFailure`, the readiness report with its `rollback`), or the lines the
+    provider printed. Asserted on the value itself; not blind: the journal's line is in the
+    message."""
     nodes = two_nodes(nodes=LeakyTwoNodes(rollback_fails))
     props = {**_props(), "secretEnvironment": {"HF_TOKEN": TOKEN}}
     try:

@@ -157,9 +157,9 @@ def test_a_server_that_prints_the_token_as_it_fails_to_load_never_gets_it_into_t
     last line of its traceback, as real failure reports have; tp8, started again by the rollback,
     fails the same way (a runtime drop-in gives it the fault), so nothing serves and the service
     records the failure in the state (`switchFailure`, the readiness report's `rollback`) as well
-    as failing the `up`. The provider's journal tails go through its own redaction
-    (ServiceProvider._fail and _roll_back: `_secrets` of the resource's secretEnvironment), with
-    no secret list handed over by this test.
+    as failing the `up`. The provider's journal tails go through its own redaction (the switch
+    executor's, of `ServiceSpec.secrets`: the resource's secretEnvironment), with no secret list
+    handed over by this test.
 
     The token is absent from the whole output of the `up` (every line the engine printed, and the
     error's stdout and stderr), from `pulumi stack export` and `stack output` (secrets stay

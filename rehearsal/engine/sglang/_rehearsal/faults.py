@@ -40,11 +40,12 @@ DUMPED_PREFIXES = ("HF_", "HUGGING_FACE_", "CUDA_", "NCCL_", "SGLANG_")
 
 def environment_dump(env) -> str:
     """crash_printing_environment's error (an OSError's message, the traceback's last line): the
-    load's failure with the environment it ran in, values and all. Real reports have carried secrets verbatim in the same way: an error or
-    warning that prints the token it was passed (huggingface/datasets#6412), a failure report
-    that dumps the variables of the process, a startup record with the server's credentials
-    (sgl-project/sglang#37457). The token is in the journal because the server put it there; the
-    deploy's part is never to repeat it (components/remote/providers.py `_secrets`)."""
+    load's failure with the environment it ran in, values and all. Real reports have carried
+    secrets verbatim in the same way: an error or warning that prints the token it was passed
+    (huggingface/datasets#6412), a failure report that dumps the variables of the process, a
+    startup record with the server's credentials (sgl-project/sglang#37457). The token is in the
+    journal because the server put it there; the deploy's part is never to repeat it
+    (components/core/specs.py `ServiceSpec.secrets`: the values the switch redacts)."""
     dumped = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(DUMPED_PREFIXES)) or "(none set)"
     return ("could not load the checkpoint's weights (rehearsal fault crash_printing_environment); "
             f"environment of the failed process: {dumped}")
