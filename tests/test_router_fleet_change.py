@@ -12,7 +12,8 @@ import yaml
 
 from components.core import router as R
 from components.core.config import parse_settings
-from components.remote import providers, ssh
+from components.core.specs import ServiceSpec
+from components.remote import host_lock, providers, service_state, ssh, switch_executor
 from components.remote import router as remote
 
 DATA = Path(__file__).parent / "data" / "router"
@@ -111,7 +112,7 @@ def serving(router: bool = True) -> dict:
 @pytest.fixture
 def deleting(monkeypatch):
     steps: list = []
-    monkeypatch.setattr(providers.ServiceProvider, "_show", lambda self, t, units: {units[0]: {"ActiveState": "active"}})
+    monkeypatch.setattr(service_state, "show", lambda t, units: {units[0]: {"ActiveState": "active"}})
     monkeypatch.setattr(ssh, "run", lambda t, argv, **kw: steps.append(" ".join(argv)))
     monkeypatch.setattr(remote, "leave", lambda t, p, progress, who: steps.append("leave router"))
     return steps
@@ -130,7 +131,7 @@ def test_without_a_router_it_only_stops(deleting):
 def test_a_unit_that_does_not_serve_leaves_the_router_alone(monkeypatch, deleting):
     """Another strategy stack's unit, destroyed while the host serves: the router keeps the host's
     URL, which the serving unit answers."""
-    monkeypatch.setattr(providers.ServiceProvider, "_show", lambda self, t, units: {units[0]: {"ActiveState": "inactive"}})
+    monkeypatch.setattr(service_state, "show", lambda t, units: {units[0]: {"ActiveState": "inactive"}})
     providers.ServiceProvider().delete("id", serving())
     assert deleting == ["systemctl disable --now sglang-kimi-k2.6-tp8.service"]
 
@@ -147,7 +148,7 @@ def test_a_router_that_cannot_be_told_does_not_keep_the_server_running(monkeypat
 @pytest.mark.parametrize("listed, done", [(URLS, []), (URLS[:2], [("add", URLS[2])])], ids=["listed", "not listed"])
 def test_a_server_serving_without_a_switch_is_put_in_the_router_when_it_is_not_there(monkeypatch, listed, done):
     host = Host(monkeypatch, running=props(URLS), listed=listed)
-    remote.ensure_listed(serving(), lambda m: None, "hosts[gpu3]: ")
+    remote.ensure_listed(ServiceSpec.from_props(serving()), lambda m: None, "hosts[gpu3]: ")
     assert host.done == done
 
 
@@ -157,13 +158,13 @@ def test_a_roll_never_takes_the_last_server_out_of_the_router(monkeypatch):
     host = Host(monkeypatch, running=props(URLS), listed=[URLS[2]])
     with pytest.raises(remote.RollError, match=r"the roll stops before taking http://\[fd00::13\]:30001 out of the router: "
                                                "it is the only server"):
-        with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
+        with remote.membership(None, ServiceSpec.from_props(serving()), lambda m: None, "hosts[gpu3]: "):
             raise AssertionError("switched")
     assert host.done == []
     host = Host(monkeypatch, running=props(URLS), listed=URLS[1:])
     monkeypatch.setattr(remote, "_drain", lambda *a: None)
     monkeypatch.setattr(remote.RouterAdmin, "wait", lambda *a: [])
-    with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
+    with remote.membership(None, ServiceSpec.from_props(serving()), lambda m: None, "hosts[gpu3]: "):
         host.done.append("switched")
     assert host.done == [("remove", URLS[2]), "switched", ("add", URLS[2])]
 
@@ -178,10 +179,9 @@ def test_a_host_serving_as_declared_but_out_of_the_router_is_an_update_that_puts
     back = providers.ServiceProvider().diff("id", declared, {**declared, "router": {**declared["router"], "rejoin": True}})
     assert back.changes is True and back.replaces == []
     host = Host(monkeypatch, running=props(URLS), listed=URLS[:2])
-    monkeypatch.setattr(providers.ServiceProvider, "_serving", lambda self, t, unit: True)
-    monkeypatch.setattr(providers.ServiceProvider, "_switch", lambda self, t, p, unit, restart: {**p, "restart": restart})
-    monkeypatch.setattr(providers.ServiceProvider, "_lock", lambda self, t, p: None)
-    monkeypatch.setattr(providers.ServiceProvider, "_unlock", lambda self, chan: None)
+    monkeypatch.setattr(service_state, "serving", lambda t, unit: True)
+    monkeypatch.setattr(switch_executor.Switch, "switch", lambda self, restart=None: {"restart": self.restart})
+    monkeypatch.setattr(host_lock, "acquire", lambda t, wait=0: None)
     monkeypatch.setattr(ssh, "one_connection", lambda t, during: __import__("contextlib").nullcontext())
     outs = providers.ServiceProvider()._start({**declared, "router": {**declared["router"], "rejoin": True}}, restart=False)
     assert outs["restart"] is False and host.done == [("add", URLS[2])]

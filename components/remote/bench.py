@@ -1,7 +1,7 @@
-"""``python -m components bench --stack NAME``: SGLang's serving benchmark, run on the host over
-SSH against the stack's serving server, after the same readiness read `status` makes (a server
-that is not `ready` in the declared layout is never benchmarked). The pure parts and the result
-layout are in components/core/bench.py.
+"""SGLang's serving benchmark, run on the host over SSH against the stack's serving server, after
+the same readiness read `status` makes (a server that is not `ready` in the declared layout is
+never benchmarked). The pure parts and the result layout are in components/core/bench.py; the
+command, ``python -m components bench --stack NAME``, is components/cli/serving_bench.py.
 
 `BenchmarkProvider` runs the same benchmark inside `pulumi up` (`benchmark.onDeploy: true`),
 after the readiness resource, and keeps its summary as the stack output `benchmark`.
@@ -23,7 +23,6 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 from ..core import bench as B
 from ..core import reads
 from ..core import status as S
-from ..core.errors import ConfigError
 from ..core.plan import check_stack, declared_layout
 from ..core.stack_config import from_files
 from ..core.facts import FactError, parse_facts
@@ -34,6 +33,7 @@ from . import status as remote_status
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
+from .common import resource_id
 from .installers import sync_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -211,18 +211,6 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
     return out_dir, doc
 
 
-def bench_command(project_dir: Path, stack: str, flags: Optional[dict] = None) -> int:
-    """The CLI: exit 0 with the results written; 2 on bad settings or flags, a server not ready,
-    or a failed run."""
-    try:
-        out_dir, doc = run_bench(project_dir, stack, progress=lambda line: print(line, flush=True), flags=flags)
-    except (ConfigError, B.BenchError, ssh.RemoteError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"results: {out_dir}" + (" (REHEARSAL: performance model, not a GPU measurement)" if doc["rehearsal"] else ""))
-    return 0
-
-
 # ---------------------------------------------------------------------------------------
 # The Benchmark resource's inputs that say which server it measured: a change of any of them
 # (the unit or its layout, a start of the server by this program, the benchmark's own settings,
@@ -245,24 +233,26 @@ class BenchmarkProvider(ResourceProvider):
     (the readiness resource's verdict), projectDir and resultsDir (this machine's folders)."""
 
     def _run(self, props: dict) -> dict:
-        who = f"hosts[{props['hostEntry']}]: " if props.get("hostEntry") else ""
-        rehearsal = bool(props.get("rehearsalHost"))
-        why = B.readiness_refusal(props.get("readinessStatus"), props.get("mismatches"))
+        spec = B.DeployBenchmarkSpec.from_props(props)
+        who, unit = spec.who, spec.unit
+        why = B.readiness_refusal(spec.readiness_status, spec.mismatches)
         if why:
             _progress(f"{who}warning: benchmark not run: {why}")
-            return B.failed_summary(why, rehearsal=rehearsal)
-        project = Path(props["projectDir"])
-        root = project / props.get("resultsDir", B.RESULTS_DIR)
-        _progress(f"{who}benchmark (benchmark.onDeploy): SGLang's serving benchmark against {props['unit']}")
+            return B.failed_summary(why, rehearsal=spec.rehearsal_host)
+        project = Path(spec.project_dir)
+        root = project / spec.results_dir
+        _progress(f"{who}benchmark (benchmark.onDeploy): SGLang's serving benchmark against {unit}")
+        key = ""
         try:
-            out_dir, doc = run_on_host(_require_target(props), props, root, lambda m: _progress(who + m))
+            t = _require_target(props)
+            key = t.private_key
+            out_dir, doc = run_on_host(t, props, root, lambda m: _progress(who + m))
         except Exception as exc:  # noqa: BLE001 - any failure of a measurement leaves the server as it is
-            key = (props.get("connection") or {}).get("privateKey") or ""
             secrets = [key, key.strip()]
             reason = ssh.redact(f"{type(exc).__name__}: {exc}" if not isinstance(exc, (B.BenchError, ssh.RemoteError))
                                 else str(exc), secrets)
-            _progress(f"{who}warning: the benchmark failed; {props['unit']} stays deployed and ready: {reason}")
-            return B.failed_summary(reason, rehearsal=rehearsal)
+            _progress(f"{who}warning: the benchmark failed; {unit} stays deployed and ready: {reason}")
+            return B.failed_summary(reason, rehearsal=spec.rehearsal_host)
         folder = os.path.relpath(out_dir, project) if out_dir.is_relative_to(project) else str(out_dir)
         summary = B.deploy_summary(doc, folder)
         _progress(f"{who}benchmark: results in {folder}" +
@@ -270,7 +260,7 @@ class BenchmarkProvider(ResourceProvider):
         return summary
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:benchmark",
+        return CreateResult(id_=resource_id(props, B.DeployBenchmarkSpec.from_props(props).unit, "benchmark"),
                             outs={**props, "summary": self._run(props)})
 
     def update(self, id, olds, news):

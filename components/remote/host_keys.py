@@ -96,5 +96,5 @@ def changed(t: Target, presented: paramiko.PKey, pinned: paramiko.PKey) -> HostK
         f"host identity check failed for {t.named}: it presented {presented.get_name()} {fingerprint(presented)}, "
         f"but {t.key_from} pins {pinned.get_name()} {fingerprint(pinned)}. Refusing to connect: nothing was "
         "sent to it. Another machine answers there, or this one was reinstalled or got a new key: verify the "
-        "key on the machine itself, then set it as the entry's hostKey (README: \"A host reinstalled\").",
+        "key on the machine itself, then set it as the entry's hostKey (docs/real-hosts.md: \"A host reinstalled\").",
         presented=f"{presented.get_name()} {presented.get_base64()}", pinned=t.host_key)
