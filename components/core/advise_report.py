@@ -6,7 +6,8 @@ tie, never a "best"; the project's own stacks are always named, refused ones wit
 """
 from __future__ import annotations
 
-from .advise import ESTIMATE, Advice, Candidate, Estimate
+from .advise import Advice
+from .advise_model import ESTIMATE, Candidate, Estimate
 
 
 def render(a: Advice, top: int = 8) -> str:
