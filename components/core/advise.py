@@ -128,8 +128,8 @@ def other_workloads(others: list["Measurement"], workload: Workload) -> list[str
     for m in others:
         groups.setdefault((m.stack, m.workload), []).append(m.concurrency)
     notes = []
-    for (stack, measured_at), levels in sorted(groups.items()):
-        levels = ", ".join(map(str, sorted(set(levels))))
+    for (stack, measured_at), measured_levels in sorted(groups.items()):
+        levels = ", ".join(map(str, sorted(set(measured_levels))))
         use = next((m for m in others if m.stack == stack and m.workload == measured_at), None)
         hint = (f" (--input-len {use.input_len} --output-len {use.output_len} advises for them)"
                 if use and use.input_len and use.output_len and use.range_ratio == 1.0 else "")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any, Optional
+
 from .advise_model import Candidate, Context, Tuning, Workload, estimate, gpu_figures, judge, json_data, link_of
 from .advise_results import Measurement
 from .config import StackSettings
@@ -75,7 +77,8 @@ def fit_seed(settings: StackSettings, workload: Workload = Workload()) -> tuple[
     link, gpu = link_of(settings.host.interconnect), gpu_figures(settings.host.gpu_model)
     points = seed_measurements()
     cands = {p.layout: judge(settings, p.layout) for p in points}
-    best, best_err = None, None
+    best: Optional[Tuning] = None
+    best_err: Optional[float] = None
     # Efficiency at most 0.9: no decode kernel reads at the data sheet's bandwidth.
     for eff in (0.6, 0.7, 0.8, 0.9):
         for layer in (0.05, 0.1, 0.15, 0.2, 0.25, 0.3):
@@ -86,18 +89,19 @@ def fit_seed(settings: StackSettings, workload: Workload = Workload()) -> tuple[
                         err = _error(cands, points, Context(link, gpu, t, workload))
                         if best_err is None or err < best_err - 1e-12:
                             best, best_err = t, err
+    assert best is not None and best_err is not None  # the grid is not empty
     return best, math.exp(best_err) - 1
 
 
 # ---------------------------------------------------------------------------- facts and results
 
 
-def host_from_facts(settings: StackSettings, facts: dict) -> tuple[StackSettings, list[str]]:
+def host_from_facts(settings: StackSettings, facts: dict[str, Any]) -> tuple[StackSettings, list[str]]:
     """The stack with its host block replaced by what the host said at deploy time (the stack
     output `host`: HostFacts.as_dict); notes say what changed."""
     h = settings.host
     notes = []
-    update = {}
+    update: dict[str, Any] = {}
     count = facts.get("gpu_count") or len(facts.get("gpus") or [])
     if count and count != h.gpu_count:
         update["gpu_count"] = int(count)

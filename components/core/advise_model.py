@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .config import A2A_BACKENDS, StackSettings, StrategySettings
 from .errors import SettingError
@@ -83,8 +83,9 @@ class Link:
 
 
 @lru_cache(maxsize=None)
-def json_data(name: str) -> dict:
-    return json.loads((DATA / name).read_text())
+def json_data(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((DATA / name).read_text())
+    return data
 
 
 def link_of(interconnect: str) -> Link:
@@ -139,9 +140,10 @@ class Tuning:
                    h["linkLatencyScale"], h["linkBandwidthScale"])
 
 
-def arch_of(settings: StackSettings) -> dict:
+def arch_of(settings: StackSettings) -> dict[str, Any]:
     models = json_data("advise-model.json")["models"]
-    return models.get(settings.model.profile or settings.model.name) or models["default"]
+    arch: dict[str, Any] = models.get(settings.model.profile or settings.model.name) or models["default"]
+    return arch
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,10 @@ def candidate_layouts(gpus: int, moe: bool) -> list[Layout]:
     usual misreadings (EP or DP attention counted as GPUs) so their refusal is shown."""
     out: list[Layout] = []
     divs = _divisors(gpus)
-    eps = (lambda tp: _divisors(tp)) if moe else (lambda tp: [1])
+
+    def eps(tp: int) -> list[int]:
+        return _divisors(tp) if moe else [1]
+
     for dp in divs:
         for tp in divs:
             for pp in divs:
@@ -229,6 +234,13 @@ class Candidate:
     @property
     def valid(self) -> bool:
         return not self.refused
+
+    @property
+    def memory_plan(self) -> MemoryPlan:
+        """The memory plan of a valid layout (a refused one has none)."""
+        if self.memory is None:
+            raise ValueError(f"{self.name} is refused: it has no memory plan")
+        return self.memory
 
 
 def judge(settings: StackSettings, L: Layout) -> Candidate:
@@ -279,7 +291,7 @@ def host_link(ctx: Context) -> Link:
 
 def held_requests(c: Candidate, concurrency: int, w: Workload) -> tuple[int, str]:
     """How many of `concurrency` requests the layout runs at once, and what bounds it."""
-    L, m = c.layout, c.memory
+    L, m = c.layout, c.memory_plan
     pools = L.dp_size  # each DP-attention rank, or plain DP replica, has a KV pool of its own
     fits = m.max_total_tokens * pools // (w.input_len + w.output_len)
     running = m.max_running_requests * (1 if L.enable_dp_attention else L.dp_size)
@@ -306,9 +318,11 @@ def estimate(c: Candidate, concurrency: int, ctx: Context) -> Estimate:
 
     attention = min(model.attention_weights_gb, model.weights_gb) * GB / layers
     rest = (model.weights_gb * GB / layers) - attention
-    E, k, shared = model.num_experts, arch["expertsPerToken"], arch["sharedExperts"]
+    E = model.num_experts
+    k: float = arch["expertsPerToken"]
+    shared: float = arch["sharedExperts"]
     active_rest = rest * (k + shared) / (E + shared) if E else rest
-    kv_token_layer = c.memory.stages[0].kv_bytes_per_token / c.memory.stages[0].layers
+    kv_token_layer = c.memory_plan.stages[0].kv_bytes_per_token / c.memory_plan.stages[0].layers
     context = w.input_len + w.output_len / 2
 
     def imbalance(tokens: float) -> float:
@@ -317,7 +331,7 @@ def estimate(c: Candidate, concurrency: int, ctx: Context) -> Estimate:
         if L.ep_size <= 1 or not E:
             return 1.0
         per_gpu = E / L.ep_size
-        mean = per_gpu * (1 - (1 - k / E) ** max(tokens, 1))
+        mean: float = per_gpu * (1 - (1 - k / E) ** max(tokens, 1))
         busiest = min(per_gpu, mean + math.sqrt(2 * mean * math.log(L.ep_size)))
         return busiest / mean
 

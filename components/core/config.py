@@ -18,7 +18,7 @@ import the models from here.
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -76,8 +76,20 @@ class StackSettings(BaseModel):
     node: Optional[NodePlace] = None
     # gpu-serving:disaggregation, checked (pd_settings.Disaggregation); `per_host` sets `role`
     # (pd_settings.RolePlace) on each server's settings, whose strategy is then its role's layout.
-    disaggregation: Optional[Any] = None
-    role: Optional[Any] = None
+    # Held as they are (pydantic validates nothing in them again); the type checker sees the classes.
+    if TYPE_CHECKING:
+        disaggregation: Optional[pd_settings.Disaggregation] = None
+        role: Optional[pd_settings.RolePlace] = None
+    else:
+        disaggregation: Optional[Any] = None
+        role: Optional[Any] = None
+
+    @property
+    def declared_router(self) -> RouterSettings:
+        """gpu-serving:router, of a stack that declares one (what its router unit and roll use)."""
+        if self.router is None:
+            raise ValueError(f"stack {self.stack} declares no gpu-serving:router")
+        return self.router
 
     @property
     def strategy_name(self) -> str:
@@ -169,7 +181,8 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
             sections[section] = cls.model_validate(raw)
         except ValidationError as exc:
             errors += validation_errors(section, exc, cls)
-    hosts = parse_hosts(config.get(HOSTS_KEY), config.get("host") if isinstance(config.get("host"), dict) else {}, errors)
+    common = config.get("host")
+    hosts = parse_hosts(config.get(HOSTS_KEY), common if isinstance(common, dict) else {}, errors)
     router = _parse_router(config.get("router"), hosts, sections.get("serving"), errors, sections.get("strategy"), stack)
     try:
         autoswitch.parse(config.get(AUTOSWITCH_KEY))
@@ -221,7 +234,7 @@ def _parse_router(raw: Any, hosts: tuple[HostEntry, ...], serving: Optional[Serv
             if port is not None and value == port:
                 errors.append(SettingError(f"{where}.{key}", f"{value} is serving.port, the port {router.runs_on}'s server listens on",
                                            f"another port, e.g. {hint}"))
-    else:
+    elif router.host is not None:  # the model's own check: exactly one of runsOn and host
         mine = router.host.machine
         for h in hosts:
             for key, value, hint in _router_ports(router):
@@ -310,13 +323,14 @@ def _check_ssh_ports(host: Optional[HostSettings], serving: Optional[ServingSett
                                        "could not", "another port, e.g. 30000"))
     dist = getattr(strategy, "dist_init_port", None) if strategy is not None and hosts and (
         strategy.nodes is not None or strategy.nnodes not in (None, 1)) else None
-    if dist is not None:
+    if dist is not None and strategy is not None:
         first = (strategy.nodes or [hosts[0].name])[0]
         rank0 = next((h for h in hosts if h.name == first), None)
         if rank0 is not None and rank0.address and rank0.port == dist:
             errors.append(SettingError(f"{NAMESPACE}:strategy.distInitPort", f"{dist} is the SSH port of rank 0 ({rank0.name}): "
                                        "sshd listens there, the rendezvous could not", "another port, e.g. distInitPort: 20000"))
     if router is not None:
+        machine: Optional[HostSettings]
         if router.host is not None:
             machine, where = router.host, "router.host"
         else:

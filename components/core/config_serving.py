@@ -68,8 +68,14 @@ HubEndpoint = Annotated[str, text_setting(model_source.MAX_ENDPOINT, "Hub endpoi
 class ModelSettings(Settings):
     profile: Optional[ProfileName] = None
     name: Name
-    path: Optional[AbsPath] = None  # default /models/<name>
-    served_name: Optional[ServedName] = None
+    # Unset, `_defaults` derives them (/models/<name>, the name): the type checker sees the text
+    # every validated model holds.
+    if TYPE_CHECKING:
+        path: AbsPath = ""
+        served_name: ServedName = ""
+    else:
+        path: Optional[AbsPath] = None  # default /models/<name>
+        served_name: Optional[ServedName] = None
     num_layers: int = Field(ge=1, le=1000)
     num_experts: int = Field(ge=0, le=100000)  # 0 = dense model
     moe_intermediate_size: int = Field(ge=0)
@@ -210,10 +216,17 @@ Sha256 = Annotated[str, text_setting(64, "sha256 hex digest", SHA256)]
 
 class CudaSettings(Settings):
     version: CudaVersion = "13.0"
-    home: Optional[AbsPath] = None  # default /usr/local/cuda-<version>
+    # Unset, `_defaults` derives home and aptPackage (the type checker sees a validated model's text).
+    if TYPE_CHECKING:
+        home: AbsPath = ""
+    else:
+        home: Optional[AbsPath] = None  # default /usr/local/cuda-<version>
     # apt: NVIDIA's apt repository (pinned keyring); verify: the host comes with CUDA, only check it.
     install: Literal["apt", "verify"] = "apt"
-    apt_package: Optional[AptPackage] = None  # default cuda-toolkit-<major>-<minor>
+    if TYPE_CHECKING:
+        apt_package: AptPackage = ""
+    else:
+        apt_package: Optional[AptPackage] = None  # default cuda-toolkit-<major>-<minor>
     # "deb [signed-by=...] URL /" line; default NVIDIA's
     apt_repository: Optional[AptLine] = None
     keyring_sha256: Optional[Sha256] = None
@@ -338,7 +351,7 @@ class BenchmarkSettings(Settings):
 
 # The router's versions gpu-serving has the pinned wheel set of (components/core/data/router/).
 RouterVersion = Literal["1.13.0"]
-ROUTER_VERSIONS: tuple[str, ...] = get_args(RouterVersion)
+ROUTER_VERSIONS: tuple[RouterVersion, ...] = get_args(RouterVersion)
 # smg's --policy choices for a regular (not prefill/decode) fleet (`smg launch --help`).
 RouterPolicy = Literal["cache_aware", "round_robin", "random", "power_of_two", "least_load", "consistent_hashing", "prefix_hash"]
 ROUTER_POLICIES: tuple[str, ...] = get_args(RouterPolicy)
