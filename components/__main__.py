@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if before is not None and (checked.pd is not None or before_checked.pd is not None):
+    if before_checked is not None and before is not None and (checked.pd is not None or before_checked.pd is not None):
         from .remote.ssh import rehearsal_addresses
         found = rehearsal_addresses()
         switch = pd_switch.plan(pd_switch.side(before_checked, found), pd_switch.side(checked, found))

@@ -31,10 +31,10 @@ class MultiNodeServing(pulumi.ComponentResource):
         rank0 = nodes[0][2]
         self.rendezvous = RendezvousCheck(f"{name}-rendezvous", {
             "connection": rank0.connection,
-            "nodes": [{"name": n, "rank": p.settings.node.rank, "connection": h.connection} for n, p, h in nodes],
-            "address": s.node.rank0_address,
+            "nodes": [{"name": n, "rank": p.settings.node_place.rank, "connection": h.connection} for n, p, h in nodes],
+            "address": s.node_place.rank0_address,
             "sshPort": rank0.connection.apply(lambda c: int(c.get("port", 22))),
-            "port": s.node.port,
+            "port": s.node_place.port,
             # A changed unit on any node checks again before it is written.
             "units": {n: hashlib.sha256(p.unit.text.encode()).hexdigest()[:16] for n, p, _ in nodes},
         }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*installs, *(h for _, _, h in nodes)])))
@@ -61,7 +61,7 @@ class MultiNodeServing(pulumi.ComponentResource):
                                                                       for k, v in p.environment.items()}, sh)),
             "execStart": shlex.join(str(a) for a in first.unit.exec_start),
             "environment": first.environment,
-            "ranks": [{"name": n, "rank": p.settings.node.rank, "connection": h.connection,
+            "ranks": [{"name": n, "rank": p.settings.node_place.rank, "connection": h.connection,
                        "execStart": shlex.join(str(a) for a in p.unit.exec_start), "environment": p.environment}
                       for n, p, h in nodes],
             "bind": s.serving.host,

@@ -21,7 +21,7 @@ from .core.advise_results import read_results
 from .core.config import AUTOSWITCH_KEY
 from .core.errors import ConfigError, SettingError
 from .core.rules import NAMESPACE
-from .core.plan import check_stack
+from .core.plan import CheckedStack, check_stack
 from .core.stack_config import from_files, stack_names
 from .core.strategy import layout_of
 
@@ -44,7 +44,7 @@ def _machines(checked) -> tuple[str, ...]:
     return tuple(sorted(s.host.machine for _, s in checked.settings.per_host()))
 
 
-def candidates(project_dir: Path, stack: str) -> tuple[object, list[str]]:
+def candidates(project_dir: Path, stack: str) -> tuple[CheckedStack, list[str]]:
     """The stack's checked settings and the stacks that deploy to the same machines (itself first)."""
     mine = check_stack(stack, from_files(project_dir, stack), project_dir)
     out = [stack]

@@ -7,7 +7,7 @@ Every figure is an estimate. The text and JSON forms: advise_report.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from .advise_calibration import Calibration, calibrate, fit_seed, host_from_facts, seed_error
 from .advise_model import (
@@ -85,7 +85,7 @@ class Advice:
         return [e for e in estimates if e.tok_s * (1 + self.tie_band) >= top]
 
 
-def advise(settings: StackSettings, workload: Workload, *, stacks: Optional[dict[str, "Layout | str"]] = None,
+def advise(settings: StackSettings, workload: Workload, *, stacks: Optional[Mapping[str, Layout | str]] = None,
            measured: Iterable["Measurement"] = (), source: str = "host block", tuning: Optional[Tuning] = None) -> Advice:
     """Every layout for the host's GPU count, refused ones with the rule, valid ones ranked for
     each concurrency of `workload`; calibrated on the `measured` results of that workload.
@@ -138,7 +138,7 @@ def other_workloads(others: list["Measurement"], workload: Workload) -> list[str
     return notes
 
 
-def own_stacks(stacks: dict[str, "Layout | str"], judged: list[Candidate], gpus: int) -> list[OwnStack]:
+def own_stacks(stacks: Mapping[str, Layout | str], judged: list[Candidate], gpus: int) -> list[OwnStack]:
     out = []
     for name, L in sorted(stacks.items()):
         if not isinstance(L, Layout):

@@ -92,6 +92,13 @@ class StackSettings(BaseModel):
         return self.router
 
     @property
+    def node_place(self) -> NodePlace:
+        """This node's place, on a multi-node stack's per-node settings (`per_host` sets it)."""
+        if self.node is None:
+            raise ValueError(f"stack {self.stack}: these settings are not a node's of a multi-node layout")
+        return self.node
+
+    @property
     def strategy_name(self) -> str:
         return self.strategy.name or self.stack
 

@@ -152,7 +152,7 @@ def _decode(value: Any, make_result: Callable[[int, str, str], Any]) -> Any:
     raise ValueError("not an encoded read")
 
 
-def seal(secret: str, run: tuple, entries: Iterable[tuple[Hashable, float, Any]]) -> bytes:
+def seal(secret: str, run: tuple, entries: Iterable[tuple[tuple[Any, ...], float, Any]]) -> bytes:
     """The file's bytes: salt, nonce, then the AES-GCM sealed JSON of (request, started, result)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     body = json.dumps([[list(k), started, _encode(v)] for k, started, v in entries]).encode()
