@@ -138,7 +138,7 @@ class _GpuServingVariant(GpuServing):
 
 class GpuServingCold(_GpuServingVariant):
     """gpu-serving with GPU_SERVING_WARM_START=0: every program and provider process starts its
-    own Python and imports everything (README, "Warm start"), as before the warm process. The
+    own Python and imports everything (docs/performance-internals.md, "Warm start"), as before the warm process. The
     same projects and stacks as `gpu-serving`: the two side by side measure what warm start saves."""
 
     name = "gpu-serving-cold"

@@ -9,6 +9,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from .core.config import StackSettings
+from .core.specs import ExpectedHardware, HostFactsSpec
 from .remote.ssh import rehearsal_info
 from .resources import HostFacts
 
@@ -101,14 +102,15 @@ class GpuHost(pulumi.ComponentResource):
         # engine asks (remote/ahead.py): the host-facts props below that its reads use.
         self.ahead = {"connection": plain, "cudaHome": s.cuda.home, "prefetch": args.prefetch or []} if plain else None
         DECLARED.append(self)
-        self.facts_resource = HostFacts(f"{name}-facts", {
-            "connection": self.connection,
-            "cudaHome": s.cuda.home,
-            "expect": {"gpuCount": s.host.gpu_count, "gpuMemoryGb": s.host.gpu_memory_gb,
-                       "interconnect": s.host.interconnect, "neededGpus": needed_gpus} if needed_gpus else {"neededGpus": 0},
+        expect = ExpectedHardware(needed_gpus, s.host.gpu_count, s.host.gpu_memory_gb, s.host.interconnect) if needed_gpus \
+            else ExpectedHardware(0)
+        self.facts_resource = HostFacts(f"{name}-facts", HostFactsSpec(
+            connection=self.connection,
+            cuda_home=s.cuda.home,
+            expect=expect,
             # Plumbing (which reads to start ahead), shown as one opaque value, not six blocks.
-            "prefetch": pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
-            **({"hostEntry": args.entry} if args.entry else {}),
-        }, pulumi.ResourceOptions(parent=self))
+            prefetch=pulumi.Output.secret(args.prefetch) if args.prefetch else args.prefetch,
+            host_entry=args.entry,
+        ).to_props(), pulumi.ResourceOptions(parent=self))
         self.facts = self.facts_resource.facts
         self.register_outputs({"facts": self.facts})

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional, Union
 import pulumi
 
 from .core.plan import ServingPlan, declared_layout
+from .core.specs import ReadinessDeadlines, ReadinessSpec
 from .gpu_host import GpuHost
 from .resources import FailedSwitch, Readiness
 from .serving_unit import ServingUnit
@@ -22,20 +23,20 @@ class ReadinessCheck(pulumi.ComponentResource):
                  opts: Optional[pulumi.ResourceOptions] = None, prefix: str = ""):
         super().__init__("gpu-serving:index:ReadinessCheck", name, {}, opts)
         s = plan.settings
-        self.resource = Readiness(f"{prefix}readiness", {
-            "connection": host.connection,
-            "unit": plan.unit.name,
-            "bind": s.serving.host,
-            "port": s.serving.port,
-            "declared": declared_layout(plan),
+        self.resource = Readiness(f"{prefix}readiness", ReadinessSpec(
+            connection=host.connection,
+            unit=plan.unit.name,
+            bind=s.serving.host,
+            port=s.serving.port,
+            declared=declared_layout(plan),
             # The deadlines, for an `up` that finds the server loading (restarted by systemd or
             # an interrupted run) and waits for it.
-            "readiness": s.readiness.model_dump(by_alias=True),
+            readiness=ReadinessDeadlines.from_settings(s.readiness),
             # The service's own wait-for-ready result; re-probed on refresh. Plumbing between two
             # resources, shown as one opaque value (its fields are this resource's outputs).
-            "report": pulumi.Output.secret(unit.readiness_report),
-            **({"hostEntry": prefix[:-1]} if prefix else {}),
-        }, pulumi.ResourceOptions(parent=self, depends_on=[unit]))
+            report=pulumi.Output.secret(unit.readiness_report),
+            host_entry=prefix[:-1] if prefix else "",
+        ).to_props(), pulumi.ResourceOptions(parent=self, depends_on=[unit]))
         r = self.resource
         # The stack output `readiness` is a record of the check at `checked_at` (Pulumi updates a
         # stack's outputs only when that stack runs): another stack's switch, a crash or a destroy

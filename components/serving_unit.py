@@ -11,6 +11,7 @@ import pulumi
 from .core import readiness as R
 from .core import status as S
 from .core.plan import ServingPlan, declared_layout
+from .core.specs import ReadinessDeadlines, ServiceSpec, file_spec
 from .core.switch import switch_planned
 from .core.unit import UNIT_DIR
 from .gpu_host import GpuHost
@@ -134,50 +135,39 @@ class ServingUnit(pulumi.ComponentResource):
         # The files wait for the host and its installs (the service after the files, so after them too).
         child = pulumi.ResourceOptions(parent=self, depends_on=installs)
         # A fleet's resources name their entry, so the providers' lines and errors say `hosts[gpu2]`.
-        entry = {"hostEntry": prefix[:-1]} if prefix else {}
+        entry = prefix[:-1] if prefix else ""
         s = plan.settings
         self.unit_name = plan.unit.name
         # The environment file is shared by every strategy stack of this model (the same bytes
         # from each: Pulumi.yaml's variables only): destroying one stack must not take it from
         # the others.
-        self.environment_file = RemoteFile(f"{prefix}environment-file", {
-            "connection": host.connection,
-            "path": plan.unit.environment_path,
-            "content": plan.environment_text,
-            "mode": "0600",
-            "secretEnvironment": secret_environment if secret_environment is not None else {},
-            "retainOnDelete": True,
-            **entry,
-        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
-        self.unit_file = RemoteFile(f"{prefix}unit-file", {
-            "connection": host.connection,
-            "path": f"{UNIT_DIR}/{plan.unit.name}",
-            "content": plan.unit.text,
-            "mode": "0644",
-            "reloadSystemd": True,
-            # Printed whole by the provider's check when the file is new (see RemoteFileProvider.check).
-            "showWhenNew": True,
-            **entry,
-        }, child)
+        self.environment_file = RemoteFile(f"{prefix}environment-file", file_spec(
+            host.connection, plan.unit.environment_path, plan.environment_text, "0600", entry,
+            secretEnvironment=secret_environment if secret_environment is not None else {}, retainOnDelete=True,
+        ).to_props(), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(retain_on_delete=True)))
+        # Printed whole by the provider's check when the file is new (see RemoteFileProvider.check).
+        self.unit_file = RemoteFile(f"{prefix}unit-file", file_spec(
+            host.connection, f"{UNIT_DIR}/{plan.unit.name}", plan.unit.text, "0644", entry, reloadSystemd=True, showWhenNew=True,
+        ).to_props(), child)
         said = notice.hook(prefix) if notice is not None and notice.text else None
         secret_hash = (secret_environment or pulumi.Output.from_input({})).apply(R.secret_hash)
-        self.service = Service(f"{prefix}service", {
-            "connection": host.connection,
-            "unit": plan.unit.name,
-            "configHash": secret_hash.apply(lambda sh: R.running_config_hash(plan.unit.exec_start, plan.environment, sh)),
+        self.service = Service(f"{prefix}service", ServiceSpec(
+            connection=host.connection,
+            unit=plan.unit.name,
+            config_hash=secret_hash.apply(lambda sh: R.running_config_hash(plan.unit.exec_start, plan.environment, sh)),
             # What the main process must run, compared with /proc/<MainPID> on refresh: one
             # shell-quoted line (a preview shows it as one line, not one per argument).
-            "execStart": shlex.join(str(a) for a in plan.unit.exec_start),
-            "environment": plan.environment,
-            "bind": s.serving.host,
-            "port": s.serving.port,
-            "declared": declared_layout(plan),
-            "readiness": s.readiness.model_dump(by_alias=True),
-            "secretEnvironment": secret_environment if secret_environment is not None else {},
-            "stack": s.stack,
-            **({"router": router} if router is not None else {}),
-            **entry,
-        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+            exec_start=shlex.join(str(a) for a in plan.unit.exec_start),
+            environment=plan.environment,
+            bind=s.serving.host,
+            port=s.serving.port,
+            declared=declared_layout(plan),
+            readiness=ReadinessDeadlines.from_settings(s.readiness),
+            secret_environment=secret_environment if secret_environment is not None else {},
+            stack=s.stack,
+            router_props=router,
+            host_entry=entry,
+        ).to_props(), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             depends_on=[self.environment_file, self.unit_file, *(after or [])],
             hooks=pulumi.ResourceHookBinding(
                 before_delete=[_destroy_warning_hook(f"{prefix}service", prefix, plan, host)],

@@ -1,9 +1,9 @@
 """The watch's traffic step (one call from components/watch.py per tick): for each watched stack
 that serves, its hosts' SGLang /metrics and its router's metrics, read over SSH from the host's
 side (the same fixed HTTP script as the roll's drain), kept as a window in status.json
-("traffic"); the recommendation (components/recommend_cli.py `build`, the one `recommend`
-prints); the Prometheus target files rewritten (components/metrics_cli.py). The words and
-figures are components/core/traffic_status.py's.
+("traffic"); the recommendation (components/core/recommend_stacks.py `build`, the one
+`recommend` prints); the Prometheus target files rewritten (components/scrape_targets.py). The
+words and figures are components/core/traffic_status.py's.
 """
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from . import metrics_cli
-from . import recommend_cli
-from .core import autoswitch
+from .core import autoswitch, recommend_stacks
 from .core import router as R
 from .core import scrape
 from .core import server_metrics as M
@@ -24,6 +22,7 @@ from .core.errors import ConfigError
 from .core.plan import check_stack
 from .core.rules import NAMESPACE
 from .core.stack_config import from_files
+from .scrape_targets import rewrite_targets
 
 TIMEOUT = 20
 
@@ -89,7 +88,7 @@ def tick(project_dir: Path, stacks: list[str], doc: dict, before: Optional[dict]
          log: Callable[[str], None] = print) -> TrafficTick:
     """The traffic step of one watch tick; `doc`: the tick's document (which stack serves where)."""
     out = TrafficTick()
-    metrics_cli.rewrite_targets(project_dir, stacks, state_dir / "prometheus" / scrape.TARGETS_DIR, log)
+    rewrite_targets(project_dir, stacks, state_dir / "prometheus" / scrape.TARGETS_DIR, log)
     previous = {g["stack"]: g for g in ((before or {}).get("traffic") or {}).get("groups", [])}
     groups = []
     for s in doc.get("stacks", []):
@@ -109,9 +108,9 @@ def tick(project_dir: Path, stacks: list[str], doc: dict, before: Optional[dict]
             # Another stack served these hosts at the last tick: the switch is the dwell's start.
             group["serving_since"] = doc.get("checked_at_seconds")
         try:
-            rec = recommend_cli.build(project_dir, stack, group["summary"]["concurrency"], results=Path("results/bench"),
-                                      now=doc.get("checked_at_seconds") or time.time(),
-                                      last_switch_at=group["serving_since"])
+            rec = recommend_stacks.build(project_dir, stack, group["summary"]["concurrency"], results=Path("results/bench"),
+                                         now=doc.get("checked_at_seconds") or time.time(),
+                                         last_switch_at=group["serving_since"])
             group["recommendation"] = rec.as_dict() | {"line": rec.line()}
         except ConfigError as exc:
             group["recommendation"] = None

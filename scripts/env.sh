@@ -20,7 +20,7 @@
 #                                refused before any read reaches the host
 #   PULUMI_BACKEND_URL           default file://<repo>/.pulumi-state (git-ignored; created). A team
 #                                sets postgres://USER@HOST:PORT/DATABASE?sslmode=... before sourcing
-#                                (README: Teams); its password comes from PGPASSWORD or PGPASSFILE,
+#                                (docs/teams-and-watch.md); its password comes from PGPASSWORD or PGPASSFILE,
 #                                never the URL: a URL holding one is refused here (return 1), since
 #                                `pulumi whoami -v` and scripts print the URL as it is.
 #   PULUMI_CONFIG_PASSPHRASE     default "gpu-serving-local", only when neither it nor

@@ -69,7 +69,7 @@ class PostgresServer:
         if out.returncode:
             raise RuntimeError(f"initdb failed: {out.stderr[-2000:]}")
         server.run_server()
-        # The README's (Teams) commands for the database server, as its superuser; createuser
+        # docs/teams-and-watch.md's (Teams) commands for the database server, as its superuser; createuser
         # prompts for the password twice (from stdin here: no controlling terminal).
         conn = ["-h", str(server.sockets), "-p", str(server.port), "-U", "postgres"]
         for argv, stdin in (([str(PG_BIN / "createuser"), *conn, "--pwprompt", ROLE], f"{server.password}\n" * 2),

@@ -170,7 +170,7 @@ def test_the_advise_command(tmp_path, capsys):
 
 
 def test_results_as_components_bench_stores_them_are_read_and_known_as_rehearsal():
-    """A real run of `components bench` on the rehearsal host (the README picture's files): the
+    """A real run of `components bench` on the rehearsal host (the docs picture's files): the
     client's lines carry the rehearsal engine's version only inside server_info."""
     folder = Path(__file__).parent / "data" / "compare" / "bench-rehearsal" / "results" / "bench"
     measured, notes = read_results(folder, {"tp8": TP8, "pp8": PP8})

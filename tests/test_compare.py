@@ -7,8 +7,8 @@ tests/data/compare/<case>/results/bench/<stack>/<UTC time>/, as `components benc
 - rehearsal: the rehearsal engine (version 0.0.1+rehearsal); EP8 has only C=32 and its
   meta.json lacks the rehearsal flag.
 - bench-rehearsal: a real run of tests/e2e/test_bench.py (`components bench` with the real
-  SGLang 0.5.9 client against the rehearsal engine, files as bench wrote them); the README's
-  picture, docs/img/compare-rehearsal.png, is drawn from it.
+  SGLang 0.5.9 client against the rehearsal engine, files as bench wrote them); the picture of
+  docs/choosing-a-strategy.md, docs/img/compare-rehearsal.png, is drawn from it.
 Each case's expected.txt is the golden table.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from components import compare as cli_compare
+from components.cli import compare as cli_compare
 from components.__main__ import main
 from components.core import compare
 from components.core.bench_results import BenchResultError, load_runs, parse_output_file
@@ -303,7 +303,7 @@ def test_a_run_as_components_bench_writes_it_reads_back(tmp_path):
 
 
 def test_the_png_shows_c1_off_the_axis_with_the_workload_and_the_servers_version():
-    """Issue 36.19, on the README picture's runs (tests/data/compare/bench-rehearsal): the C=1
+    """Issue 36.19, on the docs picture's runs (tests/data/compare/bench-rehearsal): the C=1
     throughput (24 tok/s beside 690) sat on the axis line, the title did not say the workload,
     and the legend named the benchmark client's SGLang (0.5.9) for a run served by the rehearsal
     engine. Now: concurrency and throughput on log axes, every point clear of the frame, the

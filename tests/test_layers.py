@@ -4,7 +4,9 @@
   verdicts, the switch plan, the read requests). Imports only core, never pulumi or paramiko:
   all of it runs, and is tested, without an engine or a host.
 - components/remote/: talks to hosts (SSH, the dynamic providers). Imports core and remote.
-- components/*.py: the Pulumi components and the program, on top. May import anything below.
+- components/*.py: the Pulumi components and the program. May import anything below.
+- components/cli/: the commands of `python -m components`, one module each, on top: nothing in
+  components/ imports it but components/__main__.py, the entry (on the same floor).
 
 Every import counts, also one inside a function. A function-local import of a project module is
 allowed only when it is listed in LAZY with why: such an import used to hold a circle apart,
@@ -13,6 +15,9 @@ and a circle must not come back that way.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,17 +27,21 @@ PACKAGE = ROOT / "components"
 
 # (importer, imported): why the import waits until the function runs.
 LAZY = {
-    ("components.__main__", "components.remote.status"): "`plan` and `switch` never connect: no SSH side loaded",
-    ("components.__main__", "components.core.status"): "only `status` renders a host's report",
-    ("components.__main__", "components.remote.bench"): "only `bench` runs the benchmark: no SSH side for the others",
-    ("components.__main__", "components.remote.ssh"):
+    # Every command module is loaded for every command (components/cli/__init__.py builds the
+    # parser from all of them): what only one command needs waits until it runs.
+    ("components.cli.status", "components.remote.status"): "`plan` and `switch` never connect: no SSH side loaded",
+    ("components.cli.serving_bench", "components.remote.bench"):
+        "only `bench` runs the serving benchmark: no SSH side and no pulumi.dynamic for the others",
+    ("components.cli.serving_bench", "components.remote.ssh"): "only `bench` reaches a host (its RemoteError)",
+    ("components.cli.plan", "components.remote.ssh"):
         "`plan` reads running rehearsal hosts' addresses (host.json, no connection; paramiko stays unloaded)",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
     ("components.watch", "components.traffic_watch"): "every command loads components.watch: only a tick reads the traffic",
     ("components.traffic_watch", "components.remote.ssh"): "loaded by a watch tick only (the SSH side)",
     ("components.traffic_watch", "components.remote.status"): "loaded by a watch tick only (the SSH side)",
-    ("components.metrics_cli", "components.remote.ssh"):
-        "every command loads components.metrics_cli: it reads running rehearsal hosts' addresses (host.json), only when it runs",
+    ("components.scrape_targets", "components.remote.ssh"):
+        "every command loads components.scrape_targets (cli/metrics.py): it reads running rehearsal hosts' addresses "
+        "(host.json) only when it writes the target files",
     # The program imports remote/ahead.py for its two tokens: the provider's side stays unloaded there.
     ("components.remote.ahead", "components.remote.providers"): "loaded ahead by the provider process only (warm_up)",
     ("components.remote.ahead", "components.remote.ssh"): "the provider process connects; the program never does",
@@ -84,12 +93,17 @@ def is_module(name: str) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+ENTRY = "components.__main__"
+
+
 def floor(module: str) -> int:
-    """0 core, 1 remote, 2 the components and the program."""
+    """0 core, 1 remote, 2 the components and the program, 3 the commands and their entry."""
     if module == "components.core" or module.startswith("components.core."):
         return 0
     if module == "components.remote" or module.startswith("components.remote."):
         return 1
+    if module in ("components.cli", ENTRY) or module.startswith("components.cli."):
+        return 3
     return 2
 
 
@@ -162,6 +176,28 @@ def test_each_floor_holds_what_it_should():
         assert getattr(providers, cls).__module__ == "components.remote.providers"
     for cls in ("CudaToolkitProvider", "PythonVenvProvider"):
         assert getattr(installers, cls).__module__ == "components.remote.installers"
+    from components.remote import bench
+    assert bench.BenchmarkProvider.__module__ == "components.remote.bench"
+    # Every command of `python -m components` is a module of the top floor.
+    from components import cli
+    assert all(floor(m.__name__) == 3 for m in cli.COMMANDS)
+    assert {"components.cli.plan", "components.cli.status", "components.cli.serving_bench"} <= {m.__name__ for m in cli.COMMANDS}
+
+
+def test_plan_starts_without_the_ssh_side_or_the_engine():
+    """What the LAZY reasons promise: every command module is loaded for every command, yet
+    `plan` runs without executing paramiko (remote/ssh.py registers it lazily), any of pulumi, or
+    the SSH side of `status` and `bench`."""
+    code = ("import contextlib, io, json, sys\n"
+            "from components.__main__ import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    code = main(['plan', '--stack', 'tp8'])\n"
+            "heavy = [m for m in sys.modules if m.split('.')[0] == 'pulumi' or m.startswith('paramiko.')\n"
+            "         or m in ('components.remote.status', 'components.remote.bench', 'components.traffic_watch')]\n"
+            "print(json.dumps([code, sorted(heavy)]))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [0, []]
 
 
 def test_every_lazy_import_listed_is_still_there():
@@ -176,11 +212,13 @@ def test_every_lazy_import_listed_is_still_there():
     ({"core/a.py": "import pulumi\n"}, "core stays free of pulumi"),
     ({"core/a.py": "def f():\n    from . import b\n", "core/b.py": ""}, "inside a function"),
     ({"core/a.py": "from . import b\n", "core/b.py": "from . import a\n"}, "circle: components.core.a"),
+    ({"watch.py": "from .cli import plan\n", "cli/plan.py": ""}, "components.watch:1 imports components.cli.plan: an arrow"),
+    ({"remote/a.py": "from ..cli import main\n", "cli/__init__.py": "def main(): pass\n"}, "imports components.cli: an arrow"),
 ])
 def test_the_check_catches_what_it_is_for(tmp_path, monkeypatch, source, expected):
     """The checker on a made-up package: each kind of fault is reported."""
     root = tmp_path / "components"
-    for sub in ("", "core", "remote"):
+    for sub in ("", "core", "remote", "cli"):
         (root / sub).mkdir(exist_ok=True)
         (root / sub / "__init__.py").write_text("")
     for rel, text in source.items():

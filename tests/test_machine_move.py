@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from components.remote import identity, providers, ssh
+from components.remote import identity, providers, service_state, ssh
 
 KEY_A = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
 KEY_B = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
@@ -277,7 +277,7 @@ def test_a_renamed_resource_on_the_same_machine_takes_the_unit_over_and_the_old_
     assert commands == []
     assert "is declared under another name on the same machine now" in capsys.readouterr().err
     # Another machine, or another unit, is deleted as ever.
-    monkeypatch.setattr(providers.ServiceProvider, "_show", lambda self, t, units: {units[0]: {"ActiveState": "active"}})
+    monkeypatch.setattr(service_state, "show", lambda t, units: {units[0]: {"ActiveState": "active"}})
     service.delete("id", _service(conn("10.0.0.12", KEY_B)))
     unit_file.delete("id", {**_file(conn("10.0.0.11", KEY_A)), "path": "/etc/systemd/system/sglang-other.service"})
     assert ["systemctl", "disable", "--now", "sglang-kimi-k2.6-tp8.service"] in commands

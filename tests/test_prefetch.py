@@ -19,7 +19,7 @@ import pytest
 from components.core.plan import plan_stack
 from components.core.reads import refresh_reads
 from components.core import reads
-from components.remote import installers, providers, readcache, ssh
+from components.remote import installers, providers, readcache, service_state, ssh
 from tests.test_program_mocks import DYNAMIC, FLEET, ROOT, run_program, stack_config
 
 # ---------------------------------------------------------------------------------------------
@@ -321,7 +321,7 @@ def test_transport_reads_what_serves_once_per_run_until_the_host_changes(fake_ho
     request = reads.serving(with_environ=True)
     command = shlex.join(request["argv"])
     answers[command] = (0, b"@@now 100.0\n", b"")
-    assert providers.ServiceProvider._superseded(t, "sglang-kimi-k2.6-ep8.service") is None
+    assert service_state.superseded(t, "sglang-kimi-k2.6-ep8.service") is None
     assert ssh.fetch(t, request).stdout == "@@now 100.0\n"
     assert ssh.fetch(t, reads.serving(with_environ=True)).stdout == "@@now 100.0\n"
     assert ran == [command]

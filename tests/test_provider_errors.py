@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from components.remote import providers, ssh
+from components.remote import provider_errors, providers, ssh
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,8 +93,8 @@ def test_a_fleet_hosts_failed_rollback_is_named_and_keeps_its_outputs():
     message (switchFailure). Naming it used to build RollbackFailed without its outputs, and the
     update failed with a TypeError instead of recording that nothing serves."""
     exc = providers.RollbackFailed("readiness: crashed: exit 1\nrollback failed: nothing serves", {"active": False})
-    named = providers._named({"hostEntry": "gpu1"}, exc)
+    named = provider_errors.named("gpu1", exc)
     assert isinstance(named, providers.RollbackFailed) and named.outs == {"active": False}
     assert str(named) == "hosts[gpu1]: readiness: crashed: exit 1\nrollback failed: nothing serves"
     outs = providers.ServiceProvider._after_failed_rollback({"hostEntry": "gpu1"}, exc)
-    assert outs == {"active": False, "switchFailure": str(named)}
+    assert outs == {"hostEntry": "gpu1", "active": False, "switchFailure": str(named)}

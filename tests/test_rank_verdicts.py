@@ -12,7 +12,7 @@ import pytest
 from components.core import readiness as R
 from components.core import reads, switch
 from components.core import status as S
-from components.remote import multinode, probe, providers, ssh
+from components.remote import host_lock, multinode, probe, providers, ssh
 from components.remote import status as remote_status
 
 from .casedata import cases
@@ -126,8 +126,7 @@ def two_nodes(monkeypatch):
         # The host lock and the pinned connection are a real host's (tests/e2e); a rollback's rank
         # waits settleSeconds + 2 s before it looks at the unit again: no wait here.
         monkeypatch.setattr(ssh, "one_connection", lambda t, during: contextlib.nullcontext())
-        monkeypatch.setattr(multinode.MultiNodeServiceProvider, "_lock", lambda self, t, p: None)
-        monkeypatch.setattr(multinode.MultiNodeServiceProvider, "_unlock", lambda self, chan: None)
+        monkeypatch.setattr(host_lock, "acquire", lambda t, wait=0: None)
         monkeypatch.setattr(time, "sleep", lambda seconds: None)
         return nodes
     return make

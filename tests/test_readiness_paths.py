@@ -8,7 +8,8 @@ import json
 import pytest
 
 from components.core import readiness as R
-from components.remote import providers, ssh
+from components.core.specs import ReadinessDeadlines
+from components.remote import providers, ssh, switch_memory
 from components.remote import probe
 
 from .casedata import cases
@@ -33,7 +34,7 @@ def _both(monkeypatch, stdout: str, declared: dict) -> tuple[dict, dict]:
     monkeypatch.setattr(ssh, "fetch", lambda t, request: _Answer(stdout))
     monkeypatch.setattr(providers, "_require_target", lambda props, stored=False: "target")
     waited = probe.wait_ready("target", UNIT, bind="0.0.0.0", port=30001, declared=declared,
-                              settings={"settleSeconds": 0}, since=None,
+                              deadlines=ReadinessDeadlines(settle_seconds=0), since=None,
                               baseline=R.UnitState("active", "running", 100, 0), progress=lambda m: None)
     looked = providers.ReadinessProvider()._probe({"unit": UNIT, "bind": "0.0.0.0", "port": 30001, "declared": declared})
     return waited.as_dict(), looked.as_dict()
@@ -71,17 +72,17 @@ def test_a_refresh_right_after_this_process_switched_the_unit_takes_the_switchs_
     monkeypatch.setattr(providers, "_require_target", lambda props, stored=False: target)
     props = {"unit": UNIT, "bind": "0.0.0.0", "port": 30001, "declared": {}, "connection": {}}
     checked = {"status": R.READY, "reason": "", "checked_at": "2026-12-01T10:00:00+00:00", "seconds_to_ready": 7.5}
-    providers._remember_check(target, UNIT, checked)
+    switch_memory.remember_check(target, UNIT, checked)
     read = providers.ReadinessProvider().read("id", props)
     assert fetched == [] and read.outs["status"] == R.READY and read.outs["seconds_to_ready"] == 7.5
     assert read.outs["checked_by"] == providers.CHECKED_BY_START and "status" not in read.inputs
     # Once: the next refresh looks at the host.
     assert providers.ReadinessProvider().read("id", props).outs["status"] == R.UNHEALTHY and len(fetched) == 1
     # Another unit's check, or one older than JUST_CHECKED_SECONDS, is not this look.
-    providers._remember_check(target, "other.service", checked)
+    switch_memory.remember_check(target, "other.service", checked)
     providers.ReadinessProvider().read("id", props)
     assert len(fetched) == 2
-    providers._remember_check(target, UNIT, checked)
-    monkeypatch.setattr(providers, "JUST_CHECKED_SECONDS", -1.0)
+    switch_memory.remember_check(target, UNIT, checked)
+    monkeypatch.setattr(switch_memory, "JUST_CHECKED_SECONDS", -1.0)
     providers.ReadinessProvider().read("id", props)
     assert len(fetched) == 3

@@ -9,7 +9,7 @@ import hashlib
 import pytest
 
 from components.core import reads
-from components.remote import providers, ssh
+from components.remote import host_lock, providers, ssh
 
 PATH = "/etc/gpu-serving/kimi-k2.6.env"
 CONTENT = "NCCL_ALGO=Ring\n"
@@ -40,8 +40,7 @@ def host(monkeypatch):
         monkeypatch.setattr(ssh, "stat_owner", lambda t, p: h.owner)
         monkeypatch.setattr(ssh, "write_file", h.write_file)
         monkeypatch.setattr(ssh, "one_connection", lambda t, during: contextlib.nullcontext())
-        monkeypatch.setattr(providers, "host_lock", lambda t, wait: None)
-        monkeypatch.setattr(providers, "host_unlock", lambda chan: None)
+        monkeypatch.setattr(host_lock, "acquire", lambda t, wait=0: None)
         return h
     return make
 

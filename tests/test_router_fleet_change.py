@@ -12,7 +12,7 @@ import yaml
 
 from components.core import router as R
 from components.core.config import parse_settings
-from components.remote import providers, ssh
+from components.remote import host_lock, providers, service_state, ssh, switch_executor
 from components.remote import router as remote
 
 DATA = Path(__file__).parent / "data" / "router"
@@ -111,7 +111,7 @@ def serving(router: bool = True) -> dict:
 @pytest.fixture
 def deleting(monkeypatch):
     steps: list = []
-    monkeypatch.setattr(providers.ServiceProvider, "_show", lambda self, t, units: {units[0]: {"ActiveState": "active"}})
+    monkeypatch.setattr(service_state, "show", lambda t, units: {units[0]: {"ActiveState": "active"}})
     monkeypatch.setattr(ssh, "run", lambda t, argv, **kw: steps.append(" ".join(argv)))
     monkeypatch.setattr(remote, "leave", lambda t, p, progress, who: steps.append("leave router"))
     return steps
@@ -130,7 +130,7 @@ def test_without_a_router_it_only_stops(deleting):
 def test_a_unit_that_does_not_serve_leaves_the_router_alone(monkeypatch, deleting):
     """Another strategy stack's unit, destroyed while the host serves: the router keeps the host's
     URL, which the serving unit answers."""
-    monkeypatch.setattr(providers.ServiceProvider, "_show", lambda self, t, units: {units[0]: {"ActiveState": "inactive"}})
+    monkeypatch.setattr(service_state, "show", lambda t, units: {units[0]: {"ActiveState": "inactive"}})
     providers.ServiceProvider().delete("id", serving())
     assert deleting == ["systemctl disable --now sglang-kimi-k2.6-tp8.service"]
 
@@ -178,10 +178,9 @@ def test_a_host_serving_as_declared_but_out_of_the_router_is_an_update_that_puts
     back = providers.ServiceProvider().diff("id", declared, {**declared, "router": {**declared["router"], "rejoin": True}})
     assert back.changes is True and back.replaces == []
     host = Host(monkeypatch, running=props(URLS), listed=URLS[:2])
-    monkeypatch.setattr(providers.ServiceProvider, "_serving", lambda self, t, unit: True)
-    monkeypatch.setattr(providers.ServiceProvider, "_switch", lambda self, t, p, unit, restart: {**p, "restart": restart})
-    monkeypatch.setattr(providers.ServiceProvider, "_lock", lambda self, t, p: None)
-    monkeypatch.setattr(providers.ServiceProvider, "_unlock", lambda self, chan: None)
+    monkeypatch.setattr(service_state, "serving", lambda t, unit: True)
+    monkeypatch.setattr(switch_executor.Switch, "switch", lambda self, restart=None: {"restart": self.restart})
+    monkeypatch.setattr(host_lock, "acquire", lambda t, wait=0: None)
     monkeypatch.setattr(ssh, "one_connection", lambda t, during: __import__("contextlib").nullcontext())
     outs = providers.ServiceProvider()._start({**declared, "router": {**declared["router"], "rejoin": True}}, restart=False)
     assert outs["restart"] is False and host.done == [("add", URLS[2])]

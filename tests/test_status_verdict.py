@@ -2,6 +2,8 @@
 exit status and summary from what it read. Cases in tests/data/status-verdict/."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from components.core import status_verdict as V
@@ -29,7 +31,7 @@ def test_the_readme_documents_every_exit_status():
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     section = text[text.index("### What serves: `python -m components status`"):]
-    section = section[:section.index("\n### ", 5)]
+    section = re.split(r"\n#{1,3} ", section[5:], maxsplit=1)[0]  # up to the next heading
     for code, words in ((V.EXIT_AS_DECLARED, "serves, ready"), (V.EXIT_DRIFT, "drift"), (V.EXIT_NOT_READ, "could not read"),
                         (V.EXIT_NOTHING_SERVES, "nothing serves"), (V.EXIT_NOT_READY, "not ready")):
         assert f"| {code} | " in section and words in section.split(f"| {code} | ")[1].split("\n")[0], code

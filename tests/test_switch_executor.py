@@ -11,7 +11,8 @@ import pytest
 
 from components.core import readiness as R
 from components.core import switch
-from components.remote import probe, providers, ssh
+from components.core.specs import ServiceSpec
+from components.remote import host_lock, probe, provider_errors, providers, ssh, switch_executor, switch_memory
 
 from .casedata import cases
 
@@ -108,16 +109,17 @@ def run_switch(monkeypatch):
         name, _, port = address.rpartition(":")
         t = ssh.Target(host=name, port=int(port), user=user, private_key="k", host_key="h")
         if replaced:
-            providers._remember_replaced(t, REPLACED, b"NCCL_ALGO=Ring\n", 0o640)
+            switch_memory.remember_replaced(t, REPLACED, b"NCCL_ALGO=Ring\n", 0o640)
         props = {"unit": d["unit"], "port": d["port"], "bind": "0.0.0.0", "declared": {"tp": 8},
                  "active": d["active"], "enabled": d["enabled"], "readiness": {}, "connection": {}}
         try:
-            outs = providers.ServiceProvider()._switch(t, props, d["unit"], d["restart"])
+            spec = ServiceSpec.from_props(props)
+            outs = switch_executor.Switch(spec, [switch_executor.Node(t, spec)], d["restart"]).switch()
             error = None
-        except (providers.DeployError, ssh.RemoteError) as exc:
+        except (provider_errors.DeployError, ssh.RemoteError) as exc:
             outs, error = None, exc
         finally:
-            left = providers._take_replaced(t)
+            left = switch_memory.take_replaced(t)
         plan, = planned
         return plan, host.changes, outs, error, left
     return run
@@ -137,17 +139,16 @@ def test_the_provider_runs_exactly_the_planned_steps(run_switch, name, case):
     assert (outs["readinessReport"] is not None) == (plan.starts is not None)
     assert left == {}  # a switch that worked forgets the files it would have put back
     # A start that served leaves its check for the readiness resource's refresh in this run.
-    with providers._JUST_CHECKED_LOCK:
-        kept = [report for (_, unit), (_, report) in providers._JUST_CHECKED.items() if unit == plan.unit]
-        providers._JUST_CHECKED.clear()
+    kept = switch_memory.checks_kept(plan.unit)
+    switch_memory.forget_checks()
     assert kept == ([outs["readinessReport"]] if plan.starts else []), kept
 
 
 def test_a_failed_start_leaves_no_check_for_the_refresh(run_switch):
     case = dict(PLANS)["switch-stops-the-serving-one-and-disables-the-rest"]
-    providers._JUST_CHECKED.clear()
+    switch_memory.forget_checks()
     run_switch(case, fail=case["declared"]["unit"])
-    assert providers._JUST_CHECKED == {}
+    assert switch_memory.checks_kept(case["declared"]["unit"]) == []
 
 
 @pytest.mark.parametrize("name,case", STARTS, ids=[n for n, _ in STARTS])
@@ -284,8 +285,7 @@ def test_a_failed_switch_through_update_never_carries_the_token(monkeypatch, cap
     monkeypatch.setattr(probe, "wait_ready", host.wait_ready)
     # The lock and the pinned connection are a real host's (tests/e2e); here the fake answers alone.
     monkeypatch.setattr(ssh, "one_connection", lambda t, during: contextlib.nullcontext())
-    monkeypatch.setattr(providers.ServiceProvider, "_lock", lambda self, t, p: None)
-    monkeypatch.setattr(providers.ServiceProvider, "_unlock", lambda self, chan: None)
+    monkeypatch.setattr(host_lock, "acquire", lambda t, wait=0: None)
     news = {"connection": {"host": "10.213.0.2", "port": 22, "user": "root", "privateKey": "k", "hostKey": "h"},
             "unit": d["unit"], "port": d["port"], "bind": "0.0.0.0", "declared": {"tp": 8}, "active": True, "enabled": True,
             "readiness": {}, "configHash": "new", "execStart": "python -m sglang.launch_server", "environment": {},
@@ -303,4 +303,4 @@ def test_a_failed_switch_through_update_never_carries_the_token(monkeypatch, cap
     assert TOKEN not in shown and TOKEN not in printed.out + printed.err
     # Not blind: the journal's line is in the message, the token's place taken.
     assert "python3[77]: HF_TOKEN=" in shown and "rejected by the hub" in shown, shown
-    providers._take_replaced(ssh.Target.from_props(news))  # this run's memory of replaced files, for the next test
+    switch_memory.take_replaced(ssh.Target.from_props(news))  # this run's memory of replaced files, for the next test

@@ -145,7 +145,7 @@ def test_the_systemd_pair_runs_a_tick_the_cli_accepts(tmp_path):
 
 
 def test_the_shipped_pair_is_the_rendered_one():
-    """deploy/watch/: the pair for a checkout in /opt/gpu-serving, as README (Teams) installs it;
+    """deploy/watch/: the pair for a checkout in /opt/gpu-serving, as docs/teams-and-watch.md installs it;
     UPDATE_GOLDEN=1 writes it again after a change of render_systemd."""
     files = W.render_systemd(checkout="/opt/gpu-serving", stacks=["tp8", "pp8", "ep8"], every_seconds=600,
                              state_dir="/var/lib/gpu-serving-watch", env_file="/etc/gpu-serving/watch.env")
@@ -157,7 +157,8 @@ def test_the_shipped_pair_is_the_rendered_one():
         assert (shipped / name).read_text() == text, name
 
 
-def test_the_readme_edit_line_is_what_the_watch_says_for_the_projects_ep8_unit():
+def test_the_documented_edit_line_is_what_the_watch_says_for_the_projects_ep8_unit():
+    """The watch's "edited" line docs/teams-and-watch.md shows is the one it prints for the project's ep8 unit."""
     from components.core.plan import check_stack
     from components.core.stack_config import from_files
     project = Path(__file__).resolve().parents[1]
@@ -167,7 +168,7 @@ def test_the_readme_edit_line_is_what_the_watch_says_for_the_projects_ep8_unit()
                              "old": {"path": f"/etc/systemd/system/{plan.unit.name}", "content": edited},
                              "new": {"path": f"/etc/systemd/system/{plan.unit.name}", "content": plan.unit.text}})
     line = f"watch: edited: stack ep8 on 10.0.0.5: {W.describe(item)}"
-    assert line in (project / "README.md").read_text()
+    assert line in (project / "docs" / "teams-and-watch.md").read_text()
 
 
 def test_a_host_out_of_the_router_is_a_gauge_of_its_own():

@@ -7,7 +7,7 @@ TTFT and ITL are shown beside it. A figure from the rehearsal engine is labelled
 it appears, and a comparison mixing rehearsal and GPU figures says that they do not compare.
 
 Pure: builds text and labels from parsed runs; the picture is drawn one floor up
-(components/compare.py), so matplotlib never loads for the rest of the program.
+(components/cli/compare.py), so matplotlib never loads for the rest of the program.
 """
 from __future__ import annotations
 

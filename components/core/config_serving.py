@@ -46,6 +46,7 @@ from .config_hosts import HostSettings
 from .errors import shown
 from .fitness_baseline import check_policy as check_fitness_policy
 from .profiles import PROFILES
+from .specs import ReadinessDeadlines
 
 # moe_a2a_backend values for which SGLang overwrites ep_size with tp_size
 # (server_args.py, _handle_a2a_moe); "none" keeps the declared ep_size.
@@ -279,19 +280,17 @@ class VenvSettings(Settings):
         return v
 
 
+_DEADLINES = ReadinessDeadlines()
+
+
 class ReadinessSettings(Settings):
-    # A 590 GB checkpoint takes many minutes to load; the deadline covers load + warmup.
-    timeout_seconds: float = Field(3600, gt=0, le=86400)
-    # Polls that wait on the host, from the start: 0.5 s growing x1.5 to
-    # pollMaxSeconds and answer at once on the server's signals (port, ready line, generation):
-    # the interval bounds the round trips, never how late readiness is seen.
-    poll_initial_seconds: float = Field(0.5, gt=0, le=600)
-    poll_max_seconds: float = Field(30, gt=0, le=600)
-    generation_timeout_seconds: float = Field(60, gt=0, le=3600)
-    # Once ready, the unit must stay up this long (catches crash-loops right after ready).
-    settle_seconds: float = Field(1, ge=0, le=600)
-    # A start on a machine whose fitness drifted from its benchmark baseline (core/fitness_baseline.py).
-    fitness: Annotated[str, BeforeValidator(check_fitness_policy)] = "warn"
+    # The defaults and why: core/specs.py (ReadinessDeadlines), what the providers read them as.
+    timeout_seconds: float = Field(_DEADLINES.timeout_seconds, gt=0, le=86400)
+    poll_initial_seconds: float = Field(_DEADLINES.poll_initial_seconds, gt=0, le=600)
+    poll_max_seconds: float = Field(_DEADLINES.poll_max_seconds, gt=0, le=600)
+    generation_timeout_seconds: float = Field(_DEADLINES.generation_timeout_seconds, gt=0, le=3600)
+    settle_seconds: float = Field(_DEADLINES.settle_seconds, ge=0, le=600)
+    fitness: Annotated[str, BeforeValidator(check_fitness_policy)] = _DEADLINES.fitness
 
 
 BENCH_CLIENTS = ("venv", "rehearsal")

@@ -85,7 +85,7 @@ class Flag:
         return (self.flag, *self.aliases)
 
 
-_MULTI_NODE = "set strategy.nodes (README: Multi-node)"
+_MULTI_NODE = "set strategy.nodes (docs/multi-node.md)"
 
 # In ExecStart order (after the interpreter and `-m sglang.launch_server`; serving.extraArgs last).
 FLAGS: tuple[Flag, ...] = (
@@ -211,7 +211,7 @@ def markdown(sections: dict[str, Any]) -> str:
         default = field.get_default(call_default_factory=True)
         if default is None:
             # A None the table declares leaves the flag out; config.py derives its own (model.path).
-            default = "(not written)" if row.declare is not None else "(derived: README)"
+            default = "(not written)" if row.declare is not None else "(derived: docs/configuration.md)"
         default = str(default).lower() if isinstance(default, bool) else str(default)
         written = {VALUE: "`--flag value`", SWITCH: "`--flag` when true"}[row.form]
         if row.when_about:
@@ -225,8 +225,8 @@ def markdown(sections: dict[str, Any]) -> str:
               "in it; refused in `serving.extraArgs`: "
               + ", ".join(f"`{row.flag}` ({row.about}; `{row.setting}`)" for row in derived) + "."]
     roles = [row for row in FLAGS if row.form == DERIVED and row.place == "role"]
-    lines += ["", "Written on a prefill/decode stack only (`gpu-serving:disaggregation`, README: Prefill/decode "
-              "disaggregation), from the server's role; refused in `serving.extraArgs`: "
+    lines += ["", "Written on a prefill/decode stack only (`gpu-serving:disaggregation`, docs/pd.md), from "
+              "the server's role; refused in `serving.extraArgs`: "
               + ", ".join(f"`{row.flag}` ({row.about}; `{row.setting}`)" for row in roles) + "."]
     refused = [row for row in FLAGS if row.form == REFUSED]
     if refused:

@@ -395,7 +395,7 @@ def render_systemd(*, checkout: str, stacks: list[str], every_seconds: int, stat
         argv += f" --webhook {webhook}"
     service = f"""[Unit]
 Description=gpu-serving drift watch: one tick (pulumi preview --refresh of {', '.join(stacks)}; never changes a host)
-Documentation=file://{checkout}/README.md
+Documentation=file://{checkout}/docs/teams-and-watch.md
 After=network-online.target
 Wants=network-online.target
 

@@ -1,7 +1,7 @@
-"""``python -m components bench --stack NAME``: SGLang's serving benchmark, run on the host over
-SSH against the stack's serving server, after the same readiness read `status` makes (a server
-that is not `ready` in the declared layout is never benchmarked). The pure parts and the result
-layout are in components/core/bench.py.
+"""SGLang's serving benchmark, run on the host over SSH against the stack's serving server, after
+the same readiness read `status` makes (a server that is not `ready` in the declared layout is
+never benchmarked). The pure parts and the result layout are in components/core/bench.py; the
+command, ``python -m components bench --stack NAME``, is components/cli/serving_bench.py.
 
 `BenchmarkProvider` runs the same benchmark inside `pulumi up` (`benchmark.onDeploy: true`),
 after the readiness resource, and keeps its summary as the stack output `benchmark`.
@@ -23,7 +23,6 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvide
 from ..core import bench as B
 from ..core import reads
 from ..core import status as S
-from ..core.errors import ConfigError
 from ..core.plan import check_stack, declared_layout
 from ..core.stack_config import from_files
 from ..core.facts import FactError, parse_facts
@@ -210,18 +209,6 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
                  finished=datetime.now(timezone.utc), settings=bench, levels=summaries, fitness=fitness)
     (out_dir / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
     return out_dir, doc
-
-
-def bench_command(project_dir: Path, stack: str, flags: Optional[dict] = None) -> int:
-    """The CLI: exit 0 with the results written; 2 on bad settings or flags, a server not ready,
-    or a failed run."""
-    try:
-        out_dir, doc = run_bench(project_dir, stack, progress=lambda line: print(line, flush=True), flags=flags)
-    except (ConfigError, B.BenchError, ssh.RemoteError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(f"results: {out_dir}" + (" (REHEARSAL: performance model, not a GPU measurement)" if doc["rehearsal"] else ""))
-    return 0
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,6 +25,13 @@ def require_target(props: dict, stored: bool = False) -> ssh.Target:
     return ssh.Target.from_props(props, stored=stored)
 
 
+def resource_id(props: dict, *parts: str) -> str:
+    """A resource's id: its machine as the program declared it (the connection's host, and its
+    port for "port"), then `parts`: `10.213.0.2:sglang-kimi-k2.6-tp8.service`."""
+    c = props.get("connection") or {}
+    return ":".join([str(c.get("host")), *(str(c.get("port")) if p == "port" else p for p in parts)])
+
+
 def stop_and_disable(t: ssh.Target, unit: str) -> None:
     """`systemctl disable --now` of one unit a delete takes away (its failure is not the delete's:
     a unit already gone answers non-zero)."""

@@ -139,7 +139,7 @@ def check(olds: dict, news: dict) -> None:
     else:
         fix = (f"If this machine was reinstalled or given a new key, verify the key on the machine itself (its console: "
                f"`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), then set it as {entry}.hostKey; the next "
-               "`pulumi up` connects with it and repairs the host (README: \"A host reinstalled\").")
+               "`pulumi up` connects with it and repairs the host (docs/real-hosts.md: \"A host reinstalled\").")
     raise ssh.RemoteError(
         f"host identity check failed for {_named(new)}: it presents {ssh.key_fingerprint(presented)}, but the key the "
         f"stack's state recorded at the last `pulumi up` is {ssh.key_fingerprint(stored)}, and {key_from} {same}. "

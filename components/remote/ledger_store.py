@@ -1,7 +1,7 @@
 """Where the failure ledger is kept: beside the stacks' state, so the whole team sees it.
 
-- State in PostgreSQL (`PULUMI_BACKEND_URL=postgres://USER@HOST:PORT/DB?sslmode=...`, README:
-  Teams): a table of the project's own, `gpu_serving_failures`, in the same database, created on
+- State in PostgreSQL (`PULUMI_BACKEND_URL=postgres://USER@HOST:PORT/DB?sslmode=...`,
+  docs/teams-and-watch.md): a table of the project's own, `gpu_serving_failures`, in the same database, created on
   first use (the engine's backend creates `pulumi_state` the same way). The password comes from
   where libpq looks (`PGPASSWORD`, `~/.pgpass`, `PGPASSFILE`), never from the URL.
 - State in files (`file://DIR`, the default): `DIR/gpu-serving-failures.jsonl`, one entry a line,
@@ -115,7 +115,7 @@ class PostgresLedger:
         except psycopg.Error as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise LedgerError(f"the failure ledger ({self.where}): {first}; check PULUMI_BACKEND_URL and the password "
-                              "in ~/.pgpass or PGPASSWORD (README: Teams)") from None
+                              "in ~/.pgpass or PGPASSWORD (docs/teams-and-watch.md: Teams)") from None
 
     def add(self, f: Failure) -> Failure:
         from psycopg.types.json import Jsonb

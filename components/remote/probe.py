@@ -9,6 +9,7 @@ from typing import Any, Callable, Optional
 from ..core import readiness as R
 from ..core import reads
 from ..core.facts import SHOW_OPTIONS, parse_systemctl_show, show_options, split_sections
+from ..core.specs import ReadinessDeadlines
 
 # The read-only scripts live with the read requests (reads.py, pure); named here too.
 from ..core.reads import (  # noqa: F401
@@ -218,7 +219,7 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict[str, Any], settings: dict[str, float],
+def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict[str, Any], deadlines: ReadinessDeadlines,
                since: Optional[int], baseline: R.UnitState, progress: Callable[[str], None],
                others: Optional[Callable[[], Optional[str]]] = None) -> R.Report:
     """Poll until a verdict; returns the report (status is one of readiness.OUTCOMES).
@@ -228,14 +229,14 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
     address = probe_address(bind)
     url = f"http://{address}:{port}"
     start = time.monotonic()
-    deadline = float(settings.get("timeoutSeconds", 3600))
+    deadline = deadlines.timeout_seconds
     # After a start the first poll already waits on the host (it answers at once if the unit stops
     # or the server is ready); a server someone else started is looked at once first.
-    pause = float(settings.get("pollInitialSeconds", 0.5)) if since is not None else 0.0
+    pause = deadlines.poll_initial_seconds if since is not None else 0.0
     ever_healthy = False
     ready_logged_at = None
-    gen_timeout = float(settings.get("generationTimeoutSeconds", 60))
-    settle = float(settings.get("settleSeconds", 1))
+    gen_timeout = deadlines.generation_timeout_seconds
+    settle = deadlines.settle_seconds
     last_phase = None
     seen_port = ""
     while True:
@@ -277,4 +278,4 @@ def wait_ready(t: ssh.Target, unit: str, *, bind: str, port: int, declared: dict
                 info_read = server_info(t, address, port)
             return R.build_report(verdict, unit=unit, url=url, declared=declared, checked_at=now_iso(), info_read=info_read,
                                   seconds_to_ready=round(time.monotonic() - start, 1))
-        pause = R.next_poll(pause, float(settings.get("pollInitialSeconds", 0.5)), float(settings.get("pollMaxSeconds", 30)))
+        pause = R.next_poll(pause, deadlines.poll_initial_seconds, deadlines.poll_max_seconds)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pulumi.dynamic import ResourceProvider
 
 # DeployError's import also installs the provider process's one-line errors (no traceback).
-from .providers import DeployError
+from .provider_errors import DeployError
 
 
 class RunRefusedProvider(ResourceProvider):

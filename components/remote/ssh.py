@@ -298,7 +298,7 @@ def _connect(t: Target) -> paramiko.SSHClient:
                 f"host identity check failed for {t.named}: it presented {exc.key.get_name()} {_fingerprint(exc.key)}, "
                 f"but {t.key_from} pins {pinned.get_name()} {_fingerprint(pinned)}. Refusing to connect: nothing was "
                 "sent to it. Another machine answers there, or this one was reinstalled or got a new key: verify the "
-                "key on the machine itself, then set it as the entry's hostKey (README: \"A host reinstalled\").",
+                "key on the machine itself, then set it as the entry's hostKey (docs/real-hosts.md: \"A host reinstalled\").",
                 presented=f"{exc.key.get_name()} {exc.key.get_base64()}", pinned=t.host_key) from None
         except paramiko.AuthenticationException:
             raise RemoteError(f"SSH authentication as {t.user} failed on {t.label}: the key is not authorized there") from None

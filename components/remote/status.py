@@ -1,7 +1,8 @@
-"""``python -m components status``: the hosts' truth, read over SSH the way the providers read it
-(no Pulumi engine, no state): what serves on each host of the project's stacks, its readiness
-now (a /health_generate and /server_info read from the host side), and whether each stack's
-unit and environment files are the ones `plan` renders. The words come from components/core/status.py.
+"""The hosts' truth for ``python -m components status`` (components/cli/status.py prints it) and
+the drift watch, read over SSH the way the providers read it (no Pulumi engine, no state): what
+serves on each host of the project's stacks, its readiness now (a /health_generate and
+/server_info read from the host side), and whether each stack's unit and environment files are
+the ones `plan` renders. The words come from components/core/status.py.
 """
 from __future__ import annotations
 

@@ -123,7 +123,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
 
     # The series drawn: one line per strategy on both plots, at the levels measured, with the
     # stored figures (what tests/test_compare.py checks on data files, here on this run's files).
-    from components import compare as cli_compare
+    from components.cli import compare as cli_compare
     from components.core import compare as core_compare
     c = core_compare.load(d.project / "results" / "bench", ["tp8", "pp8"])
     fig = cli_compare.figure(c)
@@ -139,7 +139,7 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
         fig.get_suptitle()
     assert all("rehearsal engine 0.0.1+rehearsal" in s.label() for s in c.series)
 
-    # Keep this run's results for the README's picture (docs/img/compare-rehearsal.png).
+    # Keep this run's results for the picture of docs/choosing-a-strategy.md (docs/img/compare-rehearsal.png).
     keep = os.environ.get("GPU_SERVING_KEEP_BENCH")
     if keep:
         shutil.copytree(d.project / "results" / "bench", Path(keep), dirs_exist_ok=True)

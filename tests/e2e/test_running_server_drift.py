@@ -209,7 +209,7 @@ def test_status_after_an_interrupted_switch_says_a_reboot_would_start_the_old_st
 
 def test_after_an_interrupted_switch_one_up_converges_and_the_check_is_clean(serving):
     d = serving
-    # The interruption left Pulumi's pending operation (README: what it means here); one up
+    # The interruption left Pulumi's pending operation (docs/readiness.md: what it means here); one up
     # refreshes first and clears it (issue 36.20).
     assert d.stack("ep8").export_stack().deployment.get("pending_operations"), "no pending operation to clear"
     result = d.stack("ep8").up(on_output=print)

@@ -1,4 +1,4 @@
-"""Issue 19, part 1, for real: the stacks' state in a real PostgreSQL (README: Teams), the engine
+"""Issue 19, part 1, for real: the stacks' state in a real PostgreSQL (docs/teams-and-watch.md), the engine
 (`pulumi up`) deploying to a rehearsal host through it.
 
 - a deploy through the `postgres://` backend: the checkpoint is a row of the state table, nothing
@@ -51,7 +51,7 @@ def d(tmp_path_factory, rehearsal_host_factory, server):
     host = rehearsal_host_factory()
     tmp = tmp_path_factory.mktemp("team-state")
     d = make_deployment(tmp, host)
-    # What a team member does (README: Teams): the URL without a password, the password from the
+    # What a team member does (docs/teams-and-watch.md): the URL without a password, the password from the
     # environment; scripts/env.sh keeps both.
     d.env = engine_env(pulumi_home=tmp / "pulumi-home", backend_url=server.url, passphrase="e2e-test")
     d.env["PGPASSWORD"] = server.password
@@ -91,7 +91,7 @@ def urns(stack: auto.Stack) -> set[str]:
 def pulumi_up(d, stack: str, cold: bool = False) -> subprocess.Popen:
     """`pulumi up` as an operator types it. `cold` (GPU_SERVING_WARM_START=0): every process of the
     run descends from the CLI, so `freeze` finds them all; a warm run's program and provider are
-    forks of the project's warm process (README, "Warm start"), which freezing the CLI's tree
+    forks of the project's warm process (docs/performance-internals.md, "Warm start"), which freezing the CLI's tree
     would leave running."""
     env = {**d.env, "GPU_SERVING_WARM_START": "0"} if cold else d.env
     return subprocess.Popen(["pulumi", "up", "--yes", "--skip-preview", "--non-interactive", "--stack", stack],

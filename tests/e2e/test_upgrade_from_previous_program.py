@@ -120,8 +120,8 @@ def upgrade(tmp_path_factory, rehearsal_host_factory):
 
 def previous_flags(config):
     """serving.enableMetrics is on by default since issue 42: the first `up` after an upgrade
-    rewrites each unit's ExecStart and restarts its server once (README, "Following the
-    traffic"). Here the operator keeps the previous flags, so what is left to see is the
+    rewrites each unit's ExecStart and restarts its server once (docs/choosing-a-strategy.md,
+    "Following the traffic"). Here the operator keeps the previous flags, so what is left to see is the
     program's own change: none."""
     config["gpu-serving:serving"]["value"]["enableMetrics"] = False
 

@@ -96,7 +96,7 @@ def test_two_checkouts_using_it_first_at_once_both_record(server, team):
 def test_a_wrong_password_says_why_and_never_prints_it(server, team, tmp_path):
     wrong = other_checkout(tmp_path, {**team, "PGPASSWORD": "not-" + server.password})
     assert wrong.returncode == 2
-    assert f'password authentication failed for user "{ROLE}"' in wrong.stderr and "README: Teams" in wrong.stderr
+    assert f'password authentication failed for user "{ROLE}"' in wrong.stderr and "docs/teams-and-watch.md: Teams" in wrong.stderr
     assert server.password not in wrong.stderr + wrong.stdout
 
 

@@ -1,4 +1,4 @@
-"""Team state on PostgreSQL (README: Teams), without a host: the engine this project builds opens a
+"""Team state on PostgreSQL (docs/teams-and-watch.md, "Teams"), without a host: the engine this project builds opens a
 `postgres://` backend (its DIY backend's PostgreSQL driver is compiled in), takes the password
 from PGPASSWORD, and never prints that password when the connection fails. A real PostgreSQL 15
 (tests/postgres_support.py), one per module. Marked `engine`."""
@@ -64,21 +64,22 @@ def test_a_failed_connection_says_why_and_never_prints_the_password(server, tmp_
 
 
 
-def readme_teams() -> str:
-    text = (REPO / "README.md").read_text()
+def documented_teams() -> str:
+    """The "Teams" section of docs/teams-and-watch.md, up to the next section."""
+    text = (REPO / "docs" / "teams-and-watch.md").read_text()
     return text[text.index("\n## Teams"):][1:].split("\n## ", 1)[0]
 
 
-def test_the_readme_team_setup_runs_as_written_on_a_clone_with_a_team_passphrase(server, tmp_path):
-    """The operator's block of README: Teams, in a copy of the checkout with its stack files as a
-    clone gets them (committed: an `encryptionsalt` committed with them is what a team member
-    meets), against the test server (its address for db.example.internal:5432; it has no TLS, so
-    sslmode=disable), with the password in ~/.pgpass and a team passphrase that is not
-    scripts/env.sh's default, as the README describes it. The database side of the README
+def test_the_documented_team_setup_runs_as_written_on_a_clone_with_a_team_passphrase(server, tmp_path):
+    """The operator's block of docs/teams-and-watch.md ("Teams"), in a copy of the checkout with its
+    stack files as a clone gets them (committed: an `encryptionsalt` committed with them is what a
+    team member meets), against the test server (its address for db.example.internal:5432; it has
+    no TLS, so sslmode=disable), with the password in ~/.pgpass and a team passphrase that is not
+    scripts/env.sh's default, as the page describes it. The database side of the page
     (createuser --pwprompt, createdb --owner) is how tests/postgres_support.py made this server's
     role. Issue 36.11: the committed Pulumi.ep8.yaml and Pulumi.tp8.yaml carried salts made with
     the default passphrase, so this flow stopped at `incorrect passphrase` (the test stripped them)."""
-    section = readme_teams()
+    section = documented_teams()
     block = re.findall(r"```bash\n(.*?)```", section, re.S)[1]
     passfile_line = re.search(r"one line\s+`([^`]+)`", section).group(1)
     here = f"127.0.0.1:{server.port}"
@@ -103,7 +104,7 @@ def test_the_readme_team_setup_runs_as_written_on_a_clone_with_a_team_passphrase
     assert re.search(r"^ep8\*\s", out.stdout, re.M), out.stdout
     assert server.password not in out.stdout + out.stderr
     assert "pulumi_state/.pulumi/stacks/gpu-serving/ep8.json" in server.state_keys()
-    assert "encryptionsalt:" in (checkout / "Pulumi.ep8.yaml").read_text()  # the line the README says to commit
+    assert "encryptionsalt:" in (checkout / "Pulumi.ep8.yaml").read_text()  # the line the page says to commit
     # Every other committed stack file too: a team member creates each stack with the team's
     # passphrase (a salt committed with another passphrase would stop it the same way).
     for stack in [s for s in stacks if s != "ep8"]:

@@ -1,21 +1,20 @@
 """``python -m components metrics --scrape-config [--stacks tp8,pp8] [--out DIR]``: a Prometheus scrape
 configuration (file-based service discovery) and one target file per stack, for every serving
-host, the router and the watch's own textfile (components/core/scrape.py renders them). `watch`
-rewrites the target files each tick (`rewrite_targets`), so a fleet edit or a rehearsal host's
-new address reaches Prometheus without a restart.
+host, the router and the watch's own textfile (components/core/scrape.py renders them; the
+target files are written by components/scrape_targets.py, which `watch` calls each tick too).
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
 
-from .core import scrape
-from .core.errors import ConfigError
-from .core.plan import check_stack
-from .core.stack_config import from_files, stack_names
-from .core.watch import parse_stacks
-from .files import atomic_write
+from ..core import scrape
+from ..core.errors import ConfigError
+from ..core.plan import check_stack
+from ..core.stack_config import from_files, stack_names
+from ..core.watch import parse_stacks
+from ..files import atomic_write
+from ..scrape_targets import rewrite_targets
 
 DEFAULT_OUT = "~/.local/state/gpu-serving-watch/prometheus"
 
@@ -36,42 +35,6 @@ def add_parser(sub) -> None:
                    help="node_exporter serving the watch's textfile (--collector.textfile.directory=the watch's "
                         f"--state-dir); 'none' leaves that job out (default {scrape.WATCH_EXPORTER})")
     m.add_argument("--project-dir", default=".", type=Path)
-
-
-def _addresses() -> dict[str, str]:
-    from .remote.ssh import rehearsal_addresses
-    return rehearsal_addresses()
-
-
-def stack_targets(project_dir: Path, stack: str, addresses: dict[str, str]) -> tuple[list[scrape.Target], list[str]]:
-    """One stack's targets from its files (raises ConfigError on bad settings)."""
-    settings = check_stack(stack, from_files(project_dir, stack), project_dir, addresses).settings
-    return scrape.targets_of(settings, addresses)
-
-
-def rewrite_targets(project_dir: Path, stacks: list[str], targets_dir: Path, log: Callable[[str], None] = print) -> list[str]:
-    """Each stack's target file, written (atomically) only when its text changed. A stack whose
-    settings cannot be read keeps its previous file (the watch reports the stack's error).
-    Returns the files written."""
-    addresses = _addresses()
-    written = []
-    for stack in stacks:
-        try:
-            targets, notes = stack_targets(project_dir, stack, addresses)
-        except ConfigError:
-            continue
-        for note in notes:
-            log(f"metrics: stack {stack}: {note}")
-        path = targets_dir / f"{stack}.json"
-        text = scrape.render_targets(targets)
-        try:
-            same = path.read_text() == text
-        except OSError:
-            same = False
-        if not same:
-            atomic_write(path, text)
-            written.append(str(path))
-    return written
 
 
 def run(args) -> int:

@@ -12,14 +12,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .core import advise as A
-from .core import advise_report as report
-from .core.advise_results import read_results
-from .core.config import parse_settings
-from .core.errors import ConfigError
-from .core.plan import check_stack, load_stack_config
-from .core.stack_config import from_files, stack_names
-from .core.strategy import layout_of
+from ..core import advise as A
+from ..core import advise_report as report
+from ..core.advise_results import read_results
+from ..core.config import parse_settings
+from ..core.errors import ConfigError
+from ..core.plan import check_stack, load_stack_config
+from ..core.stack_config import from_files, stack_names
+from ..core.strategy import layout_of
 
 
 def add_parser(sub) -> None:

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .core import compare as core
-from .core.bench_results import BenchResultError
+from ..core import compare as core
+from ..core.bench_results import BenchResultError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

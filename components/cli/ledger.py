@@ -18,8 +18,8 @@ import json
 import os
 import sys
 
-from .core.ledger import describe
-from .remote.ledger_store import LedgerError, store_for
+from ..core.ledger import describe
+from ..remote.ledger_store import LedgerError, store_for
 
 
 def add_parser(sub) -> None:
