@@ -16,6 +16,8 @@ from .core.config import StackSettings
 from .core.errors import ConfigError
 from .core.plan import ServingPlan, check_stack
 from .core.reads import refresh_reads
+from .core.specs import RouterPlace
+from .core.specs_router import RouterAdminAccess, RouterReadinessSpec
 from .core.stack_config import RawConfig, from_engine
 from .core.unit import routed_by
 from .cuda import CudaToolkit
@@ -94,24 +96,23 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
         for name in batch:
             plan = dict(plans)[name]
 
-            def member_props(a: list[Any], url: str = urls[name]) -> dict[str, Any]:
-                return {
-                    "connection": a[0], "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": a[1],
-                    "workerUrl": url, "drainTimeout": settings.rollout.drain_timeout_seconds,
-                    "readyTimeout": r.ready_timeout_seconds, "routedBy": routed_by(settings),
+            def member_props(a: list[Any], url: str = urls[name], name: str = name) -> dict[str, Any]:
+                return RouterPlace(
+                    connection=a[0], bind=r.bind, port=r.port, venv_path=r.venv_path, admin_key=a[1], worker_url=url,
+                    drain_timeout=settings.rollout.drain_timeout_seconds, ready_timeout=r.ready_timeout_seconds,
+                    routed_by=routed_by(settings),
                     # Serves as declared but out of the router: its update puts it back (no restart).
-                    **({"rejoin": True} if name in rejoin else {})}
+                    rejoin=name in rejoin).to_props()
             member = pulumi.Output.all(router_host.connection, admin_key).apply(member_props)
             outputs[name] = deploy_host(name, plan, private_key, secret_env,
                                         benchmark=settings.benchmark.on_deploy and name == plans[0][0], host=hosts[name],
                                         router=pulumi.Output.secret(member), after=list(previous), notice=notice)
             services.append(outputs[name]["service"])
         previous = services
-    ready = RouterReadiness("router-readiness", {
-        "connection": router_host.connection, "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": admin_key,
-        "expected": [urls[n] for n, _ in plans], "names": {urls[n]: n for n, _ in plans},
-        "timeoutSeconds": r.ready_timeout_seconds,
-    }, pulumi.ResourceOptions(depends_on=[router.service, *[o["service"] for o in outputs.values()]]))
+    ready = RouterReadiness("router-readiness", RouterReadinessSpec(
+        access=RouterAdminAccess(router_host.connection, r.bind, r.port, r.venv_path, admin_key),
+        expected=tuple(urls[n] for n, _ in plans), names={urls[n]: n for n, _ in plans}, timeout_seconds=r.ready_timeout_seconds,
+    ).to_props(), pulumi.ResourceOptions(depends_on=[router.service, *[o["service"] for o in outputs.values()]]))
     pulumi.export("router", {"url": router.url, "status": ready.status, "reason": ready.reason, "workers": ready.workers})
     return {name: outputs[name] for name, _ in plans}
 

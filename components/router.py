@@ -14,6 +14,8 @@ import pulumi
 from .core import router as R
 from .core.config import RouterSettings, StackSettings
 from .core.errors import ConfigError, SettingError
+from .core.specs import file_spec
+from .core.specs_router import RouterAdminAccess, RouterServiceSpec
 from .core.unit import UNIT_DIR
 from .core.venv import INSTALL_TIMEOUT, distribution_of, normalize, parse_requirement, wheelhouse_problems
 from .gpu_host import GpuHost
@@ -78,31 +80,20 @@ class Router(pulumi.ComponentResource):
         # Shared by every strategy stack of the fleet, like the serving venv: kept on destroy.
         self.install = _VenvInstall(f"{name}-packages", {"connection": host.connection, **props},
                                     pulumi.ResourceOptions(parent=self, retain_on_delete=True))
-        self.environment_file = RemoteFile(f"{name}-environment-file", {
-            "connection": host.connection,
-            "path": R.environment_path(settings),
-            "content": "# Managed by gpu-serving: the router's admin key (gpu-serving:routerAdminKey, a Pulumi secret).\n",
-            "mode": "0600",
-            # The key entry is the secret part: written into the file by the provider, never shown.
-            "secretEnvironment": admin_key.apply(lambda k: {R.KEY_VARIABLE: f"{R.KEY_ID}:{R.KEY_ID}:admin:{k}"}),
-        }, child)
-        self.unit_file = RemoteFile(f"{name}-unit-file", {
-            "connection": host.connection,
-            "path": f"{UNIT_DIR}/{R.unit_name(settings)}",
-            "content": R.render_unit(settings, workers),
-            "mode": "0644",
-            "reloadSystemd": True,
-            "showWhenNew": True,
-        }, child)
-        self.service = RouterService(f"{name}-service", {
-            "connection": host.connection,
-            "unit": R.unit_name(settings),
-            "unitText": R.render_unit(settings, workers),
-            "bind": r.bind,
-            "port": r.port,
-            "venvPath": r.venv_path,
-            "adminKey": admin_key,
-        }, pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
+        # The key entry is the secret part: written into the file by the provider, never shown.
+        self.environment_file = RemoteFile(f"{name}-environment-file", file_spec(
+            host.connection, R.environment_path(settings),
+            "# Managed by gpu-serving: the router's admin key (gpu-serving:routerAdminKey, a Pulumi secret).\n", "0600",
+            secretEnvironment=admin_key.apply(lambda k: {R.KEY_VARIABLE: f"{R.KEY_ID}:{R.KEY_ID}:admin:{k}"}),
+        ).to_props(), child)
+        self.unit_file = RemoteFile(f"{name}-unit-file", file_spec(
+            host.connection, f"{UNIT_DIR}/{R.unit_name(settings)}", R.render_unit(settings, workers), "0644",
+            reloadSystemd=True, showWhenNew=True,
+        ).to_props(), child)
+        self.service = RouterService(f"{name}-service", RouterServiceSpec(
+            access=RouterAdminAccess(host.connection, r.bind, r.port, r.venv_path, admin_key),
+            unit=R.unit_name(settings), unit_text=R.render_unit(settings, workers),
+        ).to_props(), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(
             depends_on=[self.install, self.environment_file, self.unit_file])))
         self.url_text = R.worker_url(host.address if r.bind in ("0.0.0.0", "::") else r.bind, r.port)
         self.url = pulumi.Output.from_input(self.url_text)

@@ -67,3 +67,20 @@ def test_the_doc_names_tests_of_every_kind():
     for folder in ("tests/test_", "tests/e2e/", "tests/integration/", "tests/rehearsal/", "tests/standins/"):
         assert any(i.startswith(folder) for i in ids), folder
     assert len(ids) == len(set(ids))
+
+
+def test_every_data_case_the_guarantees_name_exists():
+    # Data cases prove promises too: a corpus case (`corpus \`name\``, a file of
+    # tests/data/bad-input/; `name-*` for every file starting so) or a path under tests/data/
+    # (a folder, a file, a glob, brace alternatives) that matches nothing guards nothing.
+    missing, checked = [], 0
+    for number, line in enumerate(G.DOC.read_text().splitlines(), 1):
+        patterns = [f"tests/data/bad-input/{name}.yaml" for name in re.findall(r"corpus `([^`\n]+)`", line)]
+        patterns += [span.strip() for span in G._SPAN.findall(line) if span.strip().startswith("tests/data/")]
+        for pattern in patterns:
+            for alternative in G._braces(pattern):
+                checked += 1
+                if not (alternative.endswith("/") and (G.REPO / alternative).is_dir()) and not list(G.REPO.glob(alternative)):
+                    missing.append(f"docs/guarantees.md:{number}: `{alternative}`")
+    assert not missing, "data cases named in docs/guarantees.md that match no file:\n" + "\n".join(missing)
+    assert checked > 20  # not blind: the doc names that many

@@ -48,6 +48,8 @@ LAZY = {
     ("components.remote.ahead", "components.core.reads"): "the requests are built in the provider process only",
     ("components.remote.ahead", "components.remote.handoff"): "the provider process hands reads over; the program never does",
     ("components.remote.ahead", "components.remote.fleet_read"): "the provider process reads the fleet; the program never does",
+    ("components.remote.ahead", "components.core.specs"): "the host facts' spec is read in the provider process only",
+    ("components.remote.ahead", "components.remote.common"): "the provider process checks the connection; the program never does",
 }
 OUTSIDE_CORE = ("pulumi", "paramiko")
 

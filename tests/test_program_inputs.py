@@ -49,8 +49,11 @@ OF_THIS_MACHINE = {"connection": "<connection>", "localDir": "<this machine's pa
 
 
 def _without_machine(value):
-    """Every value of this machine (OF_THIS_MACHINE) as a placeholder."""
+    """Every value of this machine (OF_THIS_MACHINE) as a placeholder; a wheelhouse's files by name
+    (their hashes are of the wheels built here: the rehearsal engine's changes with its sources)."""
     if isinstance(value, dict):
+        if set(value) >= {"files", "localDir", "remoteDir"} and isinstance(value["files"], dict):
+            value = {**value, "files": {name: "<sha256 of the wheel built here>" for name in value["files"]}}
         return {k: (OF_THIS_MACHINE[k] if k in OF_THIS_MACHINE else _without_machine(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [_without_machine(v) for v in value]

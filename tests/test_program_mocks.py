@@ -1,6 +1,7 @@
 """The Pulumi program under `pulumi.runtime.set_mocks`: for each shipped stack it registers the
 components, and the unit resource carries exactly the rendered unit. (Mocks replace the
 providers, so no host is touched; the providers are tested against a real host elsewhere.)"""
+import asyncio
 import contextlib
 import json
 from pathlib import Path
@@ -76,6 +77,16 @@ def run_program(stack: str, config: dict, secret_keys: list[str] | None = None, 
     """The program under mocks with `config` (`secret_keys` of it set as secrets); the recorder of
     what it registered."""
     rec = Recorder()
+    # The SDK's mocks run on the thread's current event loop (and keep futures on it from one run
+    # to the next): a test before this one in the same process may have left none (asyncio.run
+    # does), and then one is made, once.
+    try:
+        loop = asyncio.get_event_loop_policy().get_event_loop()
+        usable = not loop.is_closed()
+    except RuntimeError:
+        usable = False
+    if not usable:
+        asyncio.set_event_loop(asyncio.new_event_loop())
     pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
     pulumi.runtime.set_all_config(config, secret_keys)
     from components.program import run

@@ -120,8 +120,8 @@ def _node(address: str, rank: int) -> dict:
 
 @pytest.fixture
 def two_nodes(monkeypatch):
-    def make(crash: bool = False, loading: int = 1) -> TwoNodes:
-        nodes = TwoNodes(crash, loading)
+    def make(crash: bool = False, loading: int = 1, nodes: TwoNodes | None = None) -> TwoNodes:
+        nodes = nodes or TwoNodes(crash, loading)
         monkeypatch.setattr(ssh, "_run", nodes.run)
         # The host lock and the pinned connection are a real host's (tests/e2e); a rollback's rank
         # waits settleSeconds + 2 s before it looks at the unit again: no wait here.
@@ -179,3 +179,57 @@ def test_a_rank_is_never_judged_by_http(two_nodes, path):
     assert nodes.http(0), "rank 0 gives the verdict over HTTP: the recording must see it"
     if path is _rollback:
         assert f"rolled back: {PREVIOUS} (rank 1) runs again" in nodes.said, nodes.said
+
+
+# --- the token never in a failed multi-node switch's message --------------------------------------
+
+# An HF token's shape (hf_ and 34 letters and digits), made up.
+TOKEN = "hf_Mn4TqW8rLz2XcV6bKp9YdH3sJf7GuE5aRo"
+
+
+class LeakyTwoNodes(TwoNodes):
+    """Rank 0's new unit fails at once, and every journal read holds the HF token, as the journal of
+    a server that prints its environment when it fails does (the rehearsal engine's
+    crash_printing_environment). `rollback_fails`: the previous layout does not come back on
+    rank 0 either (nothing serves: RollbackFailed, its outputs recorded)."""
+
+    def __init__(self, rollback_fails: bool):
+        super().__init__(crash=True)
+        self.rollback_fails = rollback_fails
+
+    def run(self, t, command, input, timeout, purpose):
+        argv = shlex.split(command)
+        if argv[0] == "journalctl":
+            self.ran.append((NODES[t.host], argv))
+            return 0, (f"node python3[77]: {R.JOINED_LINE}\nnode python3[77]: OSError: could not load the checkpoint's "
+                       f"weights; environment of the failed process: HF_TOKEN={TOKEN} NCCL_ALGO=Ring\n").encode(), b""
+        if self.rollback_fails and argv[:2] == ["sh", "-c"] and argv[2] == reads.SNAPSHOT_SCRIPT and argv[4] == PREVIOUS \
+                and NODES[t.host] == 0:
+            self.ran.append((0, argv))
+            return 0, f"{_show(PREVIOUS, 'failed', 'failed')}@@health\n000 7\n@@ready\n0\n".encode(), b""
+        return super().run(t, command, input, timeout, purpose)
+
+
+@pytest.mark.parametrize("rollback_fails", [False, True], ids=["rolled back", "rollback failed"])
+def test_a_failed_multi_node_switch_never_carries_the_token(two_nodes, capsys, rollback_fails):
+    """The multi-node provider's own path (MultiNodeServiceProvider.create to the error the engine
+    shows, through the switch executor's `fail`): the failed rank's journal tail holds the HF
+    token; the token (secretEnvironment) is in none of the error, the outputs a failed rollback
+    records (`switchFailure`, the readiness report with its `rollback`), or the lines the
+    provider printed. Asserted on the value itself; not blind: the journal's line is in the
+    message."""
+    nodes = two_nodes(nodes=LeakyTwoNodes(rollback_fails))
+    props = {**_props(), "secretEnvironment": {"HF_TOKEN": TOKEN}}
+    try:
+        outs = multinode.MultiNodeServiceProvider().create(props).outs
+        assert rollback_fails, "a failed start that rolled back must fail the create"
+        shown = outs["switchFailure"] + json.dumps(outs["readinessReport"])
+        assert f"node0: {providers.ROLLBACK_FAILED}" in outs["readinessReport"]["rollback"], outs["readinessReport"]
+    except providers.DeployError as exc:
+        assert not rollback_fails, exc
+        shown = str(exc)
+    printed = capsys.readouterr()
+    assert TOKEN not in shown and TOKEN not in printed.out + printed.err
+    assert "python3[77]: OSError: could not load the checkpoint's weights; environment of the failed process: HF_TOKEN=" \
+        in shown and "NCCL_ALGO=Ring" in shown, shown
+    assert any(argv[0] == "journalctl" for _, argv in nodes.ran)  # the tail was read from the host

@@ -12,6 +12,7 @@ import yaml
 
 from components.core import router as R
 from components.core.config import parse_settings
+from components.core.specs import ServiceSpec
 from components.remote import host_lock, providers, service_state, ssh, switch_executor
 from components.remote import router as remote
 
@@ -147,7 +148,7 @@ def test_a_router_that_cannot_be_told_does_not_keep_the_server_running(monkeypat
 @pytest.mark.parametrize("listed, done", [(URLS, []), (URLS[:2], [("add", URLS[2])])], ids=["listed", "not listed"])
 def test_a_server_serving_without_a_switch_is_put_in_the_router_when_it_is_not_there(monkeypatch, listed, done):
     host = Host(monkeypatch, running=props(URLS), listed=listed)
-    remote.ensure_listed(serving(), lambda m: None, "hosts[gpu3]: ")
+    remote.ensure_listed(ServiceSpec.from_props(serving()), lambda m: None, "hosts[gpu3]: ")
     assert host.done == done
 
 
@@ -157,13 +158,13 @@ def test_a_roll_never_takes_the_last_server_out_of_the_router(monkeypatch):
     host = Host(monkeypatch, running=props(URLS), listed=[URLS[2]])
     with pytest.raises(remote.RollError, match=r"the roll stops before taking http://\[fd00::13\]:30001 out of the router: "
                                                "it is the only server"):
-        with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
+        with remote.membership(None, ServiceSpec.from_props(serving()), lambda m: None, "hosts[gpu3]: "):
             raise AssertionError("switched")
     assert host.done == []
     host = Host(monkeypatch, running=props(URLS), listed=URLS[1:])
     monkeypatch.setattr(remote, "_drain", lambda *a: None)
     monkeypatch.setattr(remote.RouterAdmin, "wait", lambda *a: [])
-    with remote.membership(None, serving(), lambda m: None, "hosts[gpu3]: "):
+    with remote.membership(None, ServiceSpec.from_props(serving()), lambda m: None, "hosts[gpu3]: "):
         host.done.append("switched")
     assert host.done == [("remove", URLS[2]), "switched", ("add", URLS[2])]
 

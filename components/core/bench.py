@@ -16,6 +16,7 @@ import json
 import math
 import re
 import shlex
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -230,6 +231,32 @@ def host_spec(*, stack: str, settings: StackSettings, plan: ServingPlan, entry: 
         "python": f"{settings.venv.path}/bin/python", "bind": settings.serving.host, "port": settings.serving.port,
         "benchmark": settings.benchmark.model_dump(by_alias=True), "rehearsalHost": settings.host.is_rehearsal,
     }
+
+
+@dataclass(frozen=True)
+class DeployBenchmarkSpec:
+    """The contract of the Benchmark resource (`benchmark.onDeploy`, core/specs.py says why props
+    are one): the host's benchmark spec (`host_spec`), where the results go on this machine, and
+    what decides a new run (the unit's files, the server's start) or none (the readiness verdict)."""
+
+    unit: str
+    host_entry: str = ""
+    rehearsal_host: bool = False
+    readiness_status: Any = None
+    mismatches: Any = None
+    project_dir: str = "."
+    results_dir: str = RESULTS_DIR
+
+    @classmethod
+    def from_props(cls, props: Any) -> "DeployBenchmarkSpec":
+        return cls(unit=str(props.get("unit") or ""), host_entry=str(props.get("hostEntry") or ""),
+                   rehearsal_host=bool(props.get("rehearsalHost")), readiness_status=props.get("readinessStatus"),
+                   mismatches=props.get("mismatches"), project_dir=str(props.get("projectDir") or "."),
+                   results_dir=str(props.get("resultsDir") or RESULTS_DIR))
+
+    @property
+    def who(self) -> str:
+        return f"hosts[{self.host_entry}]: " if self.host_entry else ""
 
 
 def settings_of(spec: dict[str, Any]) -> BenchmarkSettings:

@@ -113,7 +113,7 @@ class RouterPlace:
                    rejoin=bool(d.get("rejoin")))
 
     def admin(self) -> dict[str, Any]:
-        """What the router's admin API client needs (remote/router.py: RouterAdmin)."""
+        """What the router's admin API client needs (specs_router.RouterAdminAccess's props)."""
         return {"connection": self.connection, "bind": self.bind, "port": self.port, "venvPath": self.venv_path,
                 "adminKey": self.admin_key}
 

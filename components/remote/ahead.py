@@ -91,13 +91,14 @@ def read_ahead(props: dict) -> int:
     preview handed over (handoff.py) are not made again, and when that is all of them the
     machine is not even connected to."""
     from ..core import reads
+    from ..core.specs import HostFactsSpec
     from . import ssh
+    from .common import reachable
 
-    connection = props.get("connection")
-    if not isinstance(connection, dict) or connection.get("unavailable"):
+    if not reachable(props):
         return 0
     t = ssh.Target.from_props(props)
-    requests = [r for r in reads.host_facts(props) + reads.expand(props.get("prefetch")) if not ssh.held(t, r)]
+    requests = [r for r in reads.host_facts(props) + reads.expand(HostFactsSpec.from_props(props).prefetch) if not ssh.held(t, r)]
     if not requests or not ssh.connect_ahead(t):
         return 0
     return ssh.prefetch(t, requests)
@@ -122,9 +123,9 @@ def hand_over(props: dict, dry_run: bool, run: tuple, base: str) -> int:
     """The preview of an `up` keeps what its reads of this machine are served for the update;
     the update holds what the preview kept (the number held). Never raises, never connects."""
     from . import handoff, ssh
+    from .common import reachable
     try:
-        connection = props.get("connection")
-        if not isinstance(connection, dict) or connection.get("unavailable"):
+        if not reachable(props):
             return 0
         t = ssh.Target.from_props(props)
         cli, started, is_up = run

@@ -33,6 +33,7 @@ from . import status as remote_status
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
+from .common import resource_id
 from .installers import sync_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -233,24 +234,26 @@ class BenchmarkProvider(ResourceProvider):
     (the readiness resource's verdict), projectDir and resultsDir (this machine's folders)."""
 
     def _run(self, props: dict) -> dict:
-        who = f"hosts[{props['hostEntry']}]: " if props.get("hostEntry") else ""
-        rehearsal = bool(props.get("rehearsalHost"))
-        why = B.readiness_refusal(props.get("readinessStatus"), props.get("mismatches"))
+        spec = B.DeployBenchmarkSpec.from_props(props)
+        who, unit = spec.who, spec.unit
+        why = B.readiness_refusal(spec.readiness_status, spec.mismatches)
         if why:
             _progress(f"{who}warning: benchmark not run: {why}")
-            return B.failed_summary(why, rehearsal=rehearsal)
-        project = Path(props["projectDir"])
-        root = project / props.get("resultsDir", B.RESULTS_DIR)
-        _progress(f"{who}benchmark (benchmark.onDeploy): SGLang's serving benchmark against {props['unit']}")
+            return B.failed_summary(why, rehearsal=spec.rehearsal_host)
+        project = Path(spec.project_dir)
+        root = project / spec.results_dir
+        _progress(f"{who}benchmark (benchmark.onDeploy): SGLang's serving benchmark against {unit}")
+        key = ""
         try:
-            out_dir, doc = run_on_host(_require_target(props), props, root, lambda m: _progress(who + m))
+            t = _require_target(props)
+            key = t.private_key
+            out_dir, doc = run_on_host(t, props, root, lambda m: _progress(who + m))
         except Exception as exc:  # noqa: BLE001 - any failure of a measurement leaves the server as it is
-            key = (props.get("connection") or {}).get("privateKey") or ""
             secrets = [key, key.strip()]
             reason = ssh.redact(f"{type(exc).__name__}: {exc}" if not isinstance(exc, (B.BenchError, ssh.RemoteError))
                                 else str(exc), secrets)
-            _progress(f"{who}warning: the benchmark failed; {props['unit']} stays deployed and ready: {reason}")
-            return B.failed_summary(reason, rehearsal=rehearsal)
+            _progress(f"{who}warning: the benchmark failed; {unit} stays deployed and ready: {reason}")
+            return B.failed_summary(reason, rehearsal=spec.rehearsal_host)
         folder = os.path.relpath(out_dir, project) if out_dir.is_relative_to(project) else str(out_dir)
         summary = B.deploy_summary(doc, folder)
         _progress(f"{who}benchmark: results in {folder}" +
@@ -258,7 +261,7 @@ class BenchmarkProvider(ResourceProvider):
         return summary
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}:benchmark",
+        return CreateResult(id_=resource_id(props, B.DeployBenchmarkSpec.from_props(props).unit, "benchmark"),
                             outs={**props, "summary": self._run(props)})
 
     def update(self, id, olds, news):

@@ -3,6 +3,7 @@ progress, which of its props changed. One copy, imported by providers.py and ins
 from __future__ import annotations
 
 import sys
+from typing import Any, Mapping
 
 from . import engine_log, ssh
 
@@ -15,11 +16,24 @@ def progress(message: str, ephemeral: bool = False) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
+def connection_of(props: Any) -> dict[str, Any]:
+    """A resource's `connection` (every resource has one: how to reach its machine, ssh.Target's
+    contract), {} when it has none or it is not a mapping (an Output not resolved)."""
+    c = props.get("connection") if isinstance(props, Mapping) else None
+    return dict(c) if isinstance(c, Mapping) else {}
+
+
+def reachable(props: Any) -> bool:
+    """The program resolved the resource's machine (a rehearsal host not running is `unavailable`)."""
+    c = connection_of(props)
+    return bool(c) and not c.get("unavailable")
+
+
 def require_target(props: dict, stored: bool = False) -> ssh.Target:
     """The SSH target of a resource's props; a connection the program could not resolve (its
     `unavailable` says why) is refused here. `stored`: the props are the state's (a delete), so
     messages say where its key comes from."""
-    c = props.get("connection") or {}
+    c = connection_of(props)
     if c.get("unavailable"):
         raise ssh.RemoteError(c["unavailable"])
     return ssh.Target.from_props(props, stored=stored)
@@ -28,7 +42,7 @@ def require_target(props: dict, stored: bool = False) -> ssh.Target:
 def resource_id(props: dict, *parts: str) -> str:
     """A resource's id: its machine as the program declared it (the connection's host, and its
     port for "port"), then `parts`: `10.213.0.2:sglang-kimi-k2.6-tp8.service`."""
-    c = props.get("connection") or {}
+    c = connection_of(props)
     return ":".join([str(c.get("host")), *(str(c.get("port")) if p == "port" else p for p in parts)])
 
 
@@ -39,10 +53,11 @@ def stop_and_disable(t: ssh.Target, unit: str) -> None:
 
 
 def changed(olds: dict, news: dict, keys: list[str]) -> list[str]:
-    """The `keys` whose value differs between the old and new props (a provider's diff)."""
+    """The `keys` whose value differs between the stored state and the declaration (a
+    provider's diff lists exactly these to the engine)."""
     # A connection by where and how it connects: a label added to it is no change of the host.
-    def value(props, k):
-        return ssh.reach(props.get(k)) if k == "connection" else props.get(k)
+    def value(state: dict, k: str) -> Any:
+        return ssh.reach(state.get(k)) if k == "connection" else state.get(k)
     return [k for k in keys if value(olds, k) != value(news, k)]
 
 

@@ -28,7 +28,7 @@ from typing import Any, Optional
 from pulumi.dynamic import ReadResult
 
 from . import ssh
-from .common import progress
+from .common import connection_of, progress
 
 PRESENTED = "hostKeyPresented"
 # A refresh read that cannot reach the state's machine fails the run as it always did, unless
@@ -84,7 +84,7 @@ def checked_read(read):
         try:
             return read(self, id, props)
         except ssh.Unreachable as exc:
-            c = props.get("connection") or {}
+            c = connection_of(props)
             now = declared_machine(c)
             if now is None:
                 raise  # the stack still names this machine (or cannot tell): the run stops, as ever
@@ -97,7 +97,7 @@ def checked_read(read):
             outs = {**props, UNREACHABLE: str(exc)}
             return ReadResult(id_=id, outs=outs, inputs=dict(outs))
         except ssh.HostKeyChanged as exc:
-            c = props.get("connection") or {}
+            c = connection_of(props)
             _say_once(("read", ssh.key_blob(exc.presented), ssh.key_blob(exc.pinned)),
                       f"{_named(c)}: the host presents another SSH host key, {ssh.key_fingerprint(exc.presented)}, "
                       f"than the one the stack's state recorded at the last `pulumi up` "
@@ -153,8 +153,8 @@ def _where(c: dict) -> tuple[str, str]:
 def left_behind(props: dict) -> bool:
     """Whether this run found this resource's machine unreachable and the stack no longer names
     it: its delete there can only say what it leaves (a machine still named fails the run)."""
-    c = props.get("connection")
-    return isinstance(c, dict) and bool(props.get(UNREACHABLE)) and _where(c) in _left
+    c = connection_of(props)
+    return bool(c) and UNREACHABLE in props and bool(props[UNREACHABLE]) and _where(c) in _left
 
 
 def remember_config(config: Any) -> None:
@@ -221,8 +221,8 @@ def claimed_elsewhere(props: dict, key: str) -> bool:
     """Whether another resource this run declares names the same unit (`key` "unit") or file
     ("path") as the state's `props`, on the same machine: then a delete of `props` only forgets
     it (Pulumi creates the new name before it deletes the old one)."""
-    c, value = props.get("connection"), props.get(key)
-    if not isinstance(c, dict) or not isinstance(value, str):
+    c, value = connection_of(props), props.get(key)
+    if not c or not isinstance(value, str):
         return False
     with _claimed_lock:
         return any(k == key and v == value and not ssh.another_machine(c, other) for other, k, v in _claimed)

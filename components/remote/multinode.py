@@ -24,7 +24,7 @@ from .common import resource_id
 from .common import stop_and_disable as _stop_and_disable
 from .provider_errors import DeployError
 from .providers import ServiceProvider, service_diff
-from .service_state import without_last_reading
+from .service_state import declared_inputs, without_last_reading
 
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.
 REACH_SCRIPT = (
@@ -60,7 +60,7 @@ class RendezvousCheckProvider(ResourceProvider):
     def create(self, props):
         self._check_all(props)
         spec = RendezvousSpec.from_props(props)
-        return CreateResult(id_=f"{spec.address}:{props.get('port')}:rendezvous", outs=props)
+        return CreateResult(id_=f"{spec.address}:{spec.port}:rendezvous", outs=props)
 
     def update(self, id, olds, news):
         self._check_all(news)
@@ -107,8 +107,7 @@ class MultiNodeServiceProvider(ServiceProvider):
             return ReadResult(id_=None, outs={})
         live = switch_executor.together(lives)
         props = without_last_reading(props)  # the last reading's: this one says whether there are any
-        inputs = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
-        return ReadResult(id_=id, outs={**props, **live}, inputs={**inputs, **live})
+        return ReadResult(id_=id, outs={**props, **live}, inputs={**declared_inputs(props), **live})
 
     def diff(self, id, olds, news):
         return service_diff(olds, news, more=("ranks",))

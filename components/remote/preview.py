@@ -12,13 +12,12 @@ from ..core import status as S
 from ..core.changes import argv_of
 from ..core.restart import restart_notice
 from . import cli, ssh
+from ..core.specs import ServiceSpec
 from .common import progress
 
 
 def secrets_of(props: dict) -> list[str]:
-    values = [(props.get("connection") or {}).get("privateKey", "")]
-    values += list((props.get("secretEnvironment") or {}).values())
-    return [v for v in values if isinstance(v, str) and v]
+    return ServiceSpec.from_props(props).secrets
 
 
 def before_change(olds: dict, news: dict) -> None:

@@ -47,7 +47,7 @@ from .common import require_target as _require_target
 from .common import resource_id
 from .common import stop_and_disable as _stop_and_disable
 from .provider_errors import ROLLBACK_FAILED, DeployError, RollbackFailed, named
-from .service_state import READ_ONLY_WHEN_SO, without_last_reading
+from .service_state import READ_ONLY_WHEN_SO, declared_inputs, without_last_reading
 from .switch_memory import just_checked, remember_replaced
 
 __all__ = ["DeployError", "RollbackFailed", "ROLLBACK_FAILED", "HostFactsProvider", "RemoteFileProvider", "ServiceProvider",
@@ -386,8 +386,7 @@ class ServiceProvider(ResourceProvider):
             live["runningServer"] = service_state.superseded(t, spec.unit) or R.NOT_RUNNING
         props = without_last_reading(props)  # the last reading's: this one says whether there are any
         outs = {**props, **live}
-        kept = {k: props[k] for k in props if k not in ("previous", "readinessReport", "switchFailure")}
-        return ReadResult(id_=id, outs=outs, inputs={**kept, **live})
+        return ReadResult(id_=id, outs=outs, inputs={**declared_inputs(props), **live})
 
     def diff(self, id, olds, news):
         return service_diff(olds, news)
@@ -411,7 +410,7 @@ class ServiceProvider(ResourceProvider):
             serving = False  # the stop below still runs; only the warning is lost
         if serving and spec.router is not None:
             try:
-                router_roll.leave(t, props, _progress, who)
+                router_roll.leave(t, spec, _progress, who)
             except ssh.RemoteError as exc:
                 _progress(f"{who}warning: {unit} could not be taken out of the router first, requests "
                           f"in flight there may fail: {exc}")

@@ -17,10 +17,13 @@ from typing import Callable, Iterator, Optional
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from ..core import router as R
+from ..core.specs import ServiceSpec
+from ..core.specs_router import RouterAdminAccess, RouterReadinessSpec, RouterServiceSpec
 from . import identity, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _require_target
+from .common import resource_id
 from .common import stop_and_disable as _stop_and_disable
 
 ADMIN_TIMEOUT = 30
@@ -32,14 +35,15 @@ class RollError(ssh.RemoteError):
 
 
 class RouterAdmin:
-    """The admin API of the router on `t` (props: the `router` block a serving host is given)."""
+    """The admin API of the router: on its own machine, called through its venv's python (the
+    props of RouterAdminAccess: the router's resources', or a fleet host's `router` place)."""
 
     def __init__(self, props: dict):
-        self.props = props
-        self.t = ssh.Target.from_props({"connection": props["connection"]})
-        self.base = R.local_url(props["bind"], int(props["port"]))
-        self.python = f"{props['venvPath']}/bin/python"
-        self.key = props["adminKey"]
+        access = RouterAdminAccess.from_props(props)
+        self.t = ssh.Target.from_props({"connection": access.connection})
+        self.base = R.local_url(access.bind, access.port)
+        self.python = f"{access.venv_path}/bin/python"
+        self.key = access.admin_key
 
     def call(self, method: str, path: str, body: Optional[dict] = None) -> tuple[int, str]:
         data = (self.key + "\n" + (json.dumps(body) if body is not None else "")).encode()
@@ -134,40 +138,44 @@ def _take_out(admin: RouterAdmin, url: str) -> None:
     admin.wait(f"the router still routes to {url}", lambda ws: all(w.url != url for w in R.serving(ws)), 60)
 
 
-def _drain(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> None:
-    drain(t, props["bind"], int(props["port"]), float(props["router"].get("drainTimeout") or 300), progress, who)
+def _place(spec: ServiceSpec):
+    if spec.router is None:
+        raise ValueError(f"{spec.unit} has no place behind a router")
+    return spec.router
 
 
-def leave(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> None:
+def _drain(t: ssh.Target, spec: ServiceSpec, progress: Callable[[str], None], who: str) -> None:
+    drain(t, spec.bind, spec.port, _place(spec).drain_timeout, progress, who)
+
+
+def leave(t: ssh.Target, spec: ServiceSpec, progress: Callable[[str], None], who: str) -> None:
     """A server about to stop for good (its host left the fleet, its stack destroyed, its unit
     moved): out of the router, then drained, so no request through the router meets it stopped."""
-    url = props["router"]["workerUrl"]
-    progress(f"{who}taking {url} out of the router before it stops")
-    _take_out(RouterAdmin(props["router"]), url)
-    _drain(t, props, progress, who)
+    place = _place(spec)
+    progress(f"{who}taking {place.worker_url} out of the router before it stops")
+    _take_out(RouterAdmin(place.admin()), place.worker_url)
+    _drain(t, spec, progress, who)
 
 
-def ensure_listed(props: dict, progress: Callable[[str], None], who: str) -> None:
+def ensure_listed(spec: ServiceSpec, progress: Callable[[str], None], who: str) -> None:
     """A server that serves without having been switched (a host that joined the fleet already
     serving, or one the router no longer lists) is put in the router and waited for."""
-    r = props["router"]
-    admin = RouterAdmin(r)
-    url = r["workerUrl"]
+    place = _place(spec)
+    admin, url = RouterAdmin(place.admin()), place.worker_url
     if any(w.url == url for w in R.serving(admin.workers())):
         return
     progress(f"{who}putting {url} in the router")
-    admin.add(url, float(r.get("readyTimeout") or 120))
+    admin.add(url, place.ready_timeout)
     progress(f"{who}{url} is in the router and healthy")
 
 
 @contextlib.contextmanager
-def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who: str) -> Iterator[None]:
+def membership(t: ssh.Target, spec: ServiceSpec, progress: Callable[[str], None], who: str) -> Iterator[None]:
     """The host's turn in a roll around the caller's switch: out of the router, drained; then
-    (after the switch, or after its failure and rollback) back in and healthy. props["router"]:
-    connection, bind, port, venvPath, adminKey, workerUrl, drainTimeout, readyTimeout."""
-    r = props["router"]
-    admin = RouterAdmin(r)
-    url = r["workerUrl"]
+    (after the switch, or after its failure and rollback) back in and healthy (spec.router: the
+    router's admin access, this server's URL there, the drain and ready bounds)."""
+    place = _place(spec)
+    admin, url = RouterAdmin(place.admin()), place.worker_url
     # The roll was planned never to take the last server out (core/roll.py); checked again at the
     # host's turn, since servers may have gone since the plan read them.
     now = R.serving(admin.workers())
@@ -178,7 +186,7 @@ def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who:
     _take_out(admin, url)
     failure: Optional[BaseException] = None
     try:
-        _drain(t, props, progress, who)
+        _drain(t, spec, progress, who)
         progress(f"{who}roll: drained; switching")
         yield
     except BaseException as exc:
@@ -189,7 +197,7 @@ def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who:
         # strategy again (the switch rolled it back), and the roll stops with the caller's error.
         progress(f"{who}roll: putting {url} back in the router")
         try:
-            admin.add(url, float(r.get("readyTimeout") or 120))
+            admin.add(url, place.ready_timeout)
             progress(f"{who}roll: {url} is back in the router and healthy")
         except ssh.RemoteError as exc:
             if failure is None:
@@ -200,17 +208,12 @@ def membership(t: ssh.Target, props: dict, progress: Callable[[str], None], who:
 # ---------------------------------------------------------------------------------------------
 # The router's service and its readiness (dynamic providers; pickled by this module path)
 
-def _admin_props(props: dict) -> dict:
-    return {k: props[k] for k in ("connection", "bind", "port", "venvPath", "adminKey")}
-
-
 @identity.guarded
 class RouterServiceProvider(ResourceProvider):
     """The router's unit: enabled and active, restarted when its unit text changed, ready when
-    its admin API answers (it lists its workers). props: connection, unit, unitText, bind, port,
-    venvPath, adminKey. Outputs: active, enabled (read back: a stopped router is drift)."""
-
-    DIFFED = ["unit", "unitText", "bind", "port", "venvPath", "adminKey", "connection"]
+    its admin API answers (it lists its workers). props: RouterServiceSpec (connection, unit,
+    unitText, bind, port, venvPath, adminKey). Outputs: active, enabled (read back: a stopped
+    router is drift)."""
 
     def _state(self, t: ssh.Target, unit: str) -> dict[str, str]:
         out = ssh.run(t, ["systemctl", "show", "-p", "ActiveState", "-p", "UnitFileState", "--", unit],
@@ -222,12 +225,14 @@ class RouterServiceProvider(ResourceProvider):
         """Where the router's start is recorded, and what it ran with (the unit text and the key's
         hash): a router already running this declaration is not restarted, so a second strategy
         stack, or an `up` that changes nothing of the router, never interrupts its requests."""
-        digest = hashlib.sha256(props["unitText"].encode() + b"\0" + hashlib.sha256(props["adminKey"].encode()).digest())
-        return f"/run/gpu-serving/{props['unit']}.started", digest.hexdigest().encode()
+        spec = RouterServiceSpec.from_props(props)
+        digest = hashlib.sha256(spec.unit_text.encode() + b"\0" + hashlib.sha256(str(spec.access.admin_key).encode()).digest())
+        return f"/run/gpu-serving/{spec.unit}.started", digest.hexdigest().encode()
 
     def _converge(self, props: dict) -> dict:
         t = _require_target(props)
-        unit = props["unit"]
+        spec = RouterServiceSpec.from_props(props)
+        unit = spec.unit
         path, want = self._marker(props)
         running = self._state(t, unit).get("ActiveState") == "active"
         if running and ssh.read_file(t, path) == want:
@@ -241,7 +246,7 @@ class RouterServiceProvider(ResourceProvider):
         ssh.run(t, ["systemctl", action, unit], purpose=f"{action} {unit}", timeout=120)
         ssh.run(t, ["mkdir", "-p", "/run/gpu-serving"], purpose="creating /run/gpu-serving", timeout=ADMIN_TIMEOUT)
         ssh.write_file(t, path, want, 0o600)
-        admin = RouterAdmin(_admin_props(props))
+        admin = RouterAdmin(props)
         deadline = time.monotonic() + 60
         while True:
             status, body = admin.call("GET", "/workers")
@@ -252,13 +257,13 @@ class RouterServiceProvider(ResourceProvider):
                                   purpose=f"reading {unit}'s journal", timeout=ADMIN_TIMEOUT, check=False, read=True).stdout
                 raise ssh.RemoteError(f"the router {unit} on {t.label} does not answer its admin API (HTTP {status}: "
                                       f"{body[:200]}).\nLast lines of journalctl -u {unit}:\n"
-                                      + ssh.redact(journal, [props["adminKey"]]))
+                                      + ssh.redact(journal, [str(spec.access.admin_key)]))
             time.sleep(POLL_SECONDS)
         state = self._state(t, unit)
         return {**props, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['unit']}", outs=self._converge(props))
+        return CreateResult(id_=resource_id(props, RouterServiceSpec.from_props(props).unit), outs=self._converge(props))
 
     @staticmethod
     def _elsewhere(olds: dict, news: dict) -> str:
@@ -297,13 +302,14 @@ class RouterServiceProvider(ResourceProvider):
         if not self._fleet_only(olds, news):
             return None
         t = _require_target(news)
-        unit = news["unit"]
+        spec = RouterServiceSpec.from_props(news)
+        unit = spec.unit
         path, running_as = self._marker(olds)
         state = self._state(t, unit)
         if state.get("ActiveState") != "active" or ssh.read_file(t, path) != running_as:
             return None
-        admin = RouterAdmin(_admin_props(news))
-        declared = R.worker_urls(news["unitText"])
+        admin = RouterAdmin(news)
+        declared = R.worker_urls(spec.unit_text)
         for url in sorted({w.url for w in admin.workers()} - set(declared)):
             _progress(f"router: taking {url} out of the router: it left the fleet")
             admin.remove(url)
@@ -315,7 +321,7 @@ class RouterServiceProvider(ResourceProvider):
     def _retire(self, olds: dict, why: str) -> None:
         """Stop and disable the router the state recorded, and remove its unit file, environment
         file (its admin key) and start record there; its venv stays, like the serving venvs."""
-        unit, c = olds["unit"], olds.get("connection") or {}
+        unit, c = RouterServiceSpec.from_props(olds).unit, olds.get("connection") or {}
         if identity.left_behind(olds):
             _progress(f"router: warning: {unit} is left on {c.get('host')}, which does not answer: if it comes back it "
                       f"starts {unit} at boot; run `systemctl disable --now {unit}` there")
@@ -329,12 +335,12 @@ class RouterServiceProvider(ResourceProvider):
         _progress(f"router: {unit} stopped and disabled{where}, its unit file and environment file removed")
 
     def read(self, id, props):
-        state = self._state(_require_target(props), props["unit"])
+        state = self._state(_require_target(props), RouterServiceSpec.from_props(props).unit)
         outs = {**props, "active": state.get("ActiveState") == "active", "enabled": state.get("UnitFileState") == "enabled"}
         return ReadResult(id_=id, outs=outs, inputs={k: v for k, v in outs.items() if k not in ("active", "enabled")})
 
     def diff(self, id, olds, news):
-        changed = _changed(olds, news, self.DIFFED)
+        changed = _changed(olds, news, list(RouterServiceSpec.DIFFED))
         if olds.get("active") is False or olds.get("enabled") is False:
             changed.append("active")
         # Said at the diff, so the preview says it before anything happens.
@@ -357,22 +363,22 @@ class RouterServiceProvider(ResourceProvider):
 
     def delete(self, id, props):
         t = _require_target(props, stored=True)
-        ssh.run(t, ["systemctl", "disable", "--now", "--quiet", props["unit"]], purpose=f"stopping {props['unit']}",
-                timeout=120, check=False)
+        unit = RouterServiceSpec.from_props(props).unit
+        ssh.run(t, ["systemctl", "disable", "--now", "--quiet", unit], purpose=f"stopping {unit}", timeout=120, check=False)
 
 
 @identity.guarded
 class RouterReadinessProvider(ResourceProvider):
-    """Ready when the router lists every declared worker as healthy and ready. props: connection,
-    bind, port, venvPath, adminKey, expected (worker URLs), names ({url: host name}),
-    timeoutSeconds. Outputs: status, reason, workers ([{host, url, status, strategy}])."""
-
-    DIFFED = ["expected", "port", "connection", "adminKey"]
+    """Ready when the router lists every declared worker as healthy and ready. props:
+    RouterReadinessSpec (connection, bind, port, venvPath, adminKey, expected: worker URLs, names:
+    {url: host name}, timeoutSeconds). Outputs: status, reason, workers ([{host, url, status,
+    strategy}])."""
 
     def _check(self, props: dict, wait: bool) -> dict:
-        admin = RouterAdmin(_admin_props(props))
-        expected = list(props["expected"])
-        deadline = time.monotonic() + (float(props.get("timeoutSeconds") or 120) if wait else 0)
+        spec = RouterReadinessSpec.from_props(props)
+        admin = RouterAdmin(props)
+        expected = list(spec.expected)
+        deadline = time.monotonic() + (spec.timeout_seconds if wait else 0)
         while True:
             try:
                 workers, error = admin.workers(), ""
@@ -382,7 +388,7 @@ class RouterReadinessProvider(ResourceProvider):
             if verdict.ready or time.monotonic() > deadline:
                 break
             time.sleep(POLL_SECONDS)
-        names = props.get("names") or {}
+        names = spec.names
         listed = [{"host": names.get(w.url, ""), "url": w.url, "status": w.status if w.healthy else f"{w.status} (unhealthy)",
                    "strategy": w.strategy} for w in workers or []]
         if wait and not verdict.ready:
@@ -390,7 +396,8 @@ class RouterReadinessProvider(ResourceProvider):
         return {**props, "status": "ready" if verdict.ready else "not ready", "reason": verdict.reason, "workers": listed}
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['port']}:router", outs=self._check(props, wait=True))
+        port = RouterReadinessSpec.from_props(props).access.port  # the router's own port
+        return CreateResult(id_=resource_id(props, str(port), "router"), outs=self._check(props, wait=True))
 
     def update(self, id, olds, news):
         return UpdateResult(outs=self._check(news, wait=True))
@@ -400,7 +407,7 @@ class RouterReadinessProvider(ResourceProvider):
         return ReadResult(id_=id, outs=outs, inputs={k: v for k, v in outs.items() if k not in ("status", "reason", "workers")})
 
     def diff(self, id, olds, news):
-        changed = _changed(olds, news, self.DIFFED)
+        changed = _changed(olds, news, list(RouterReadinessSpec.DIFFED))
         if olds.get("status") != "ready":
             changed.append("status")
         return DiffResult(changes=bool(changed), replaces=[], stables=[], delete_before_replace=False)

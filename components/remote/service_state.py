@@ -19,8 +19,17 @@ from . import ssh
 READ_ONLY_WHEN_SO = ("dropIns", "othersEnabled", "owner", "foreignDropIns", "effectiveEnvironment")
 
 
+# The outputs a switch adds (never inputs: a read hands the engine the inputs without them).
+SWITCH_OUTPUTS = ("previous", "readinessReport", "switchFailure")
+
+
 def without_last_reading(props: Mapping[str, Any]) -> dict:
     return {k: v for k, v in props.items() if k not in READ_ONLY_WHEN_SO}
+
+
+def declared_inputs(state: Mapping[str, Any]) -> dict:
+    """A service's stored state without what its switches add: the inputs a read gives back."""
+    return {k: v for k, v in state.items() if k not in SWITCH_OUTPUTS}
 
 
 def states(stdout: str, units: list[str]) -> dict[str, dict[str, str]]:

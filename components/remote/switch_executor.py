@@ -169,7 +169,7 @@ class Switch:
             # rolls itself back when the new strategy fails), back in the router and healthy. A
             # failure stops the roll here: the hosts after it depend on this service.
             try:
-                with router_roll.membership(first.t, spec.to_props(), progress, spec.who):
+                with router_roll.membership(first.t, spec, progress, spec.who):
                     return self.switch(restart=True)
             except (DeployError, ssh.RemoteError) as exc:
                 raise DeployError(f"the roll stopped at {spec.who.strip().rstrip(':') or first.t.label}: the hosts after it "
@@ -177,7 +177,7 @@ class Switch:
         outs = self.switch()
         # Served without a switch (a host that joined the fleet already serving): the router does
         # not know it yet.
-        router_roll.ensure_listed(spec.to_props(), progress, spec.who)
+        router_roll.ensure_listed(spec, progress, spec.who)
         return outs
 
     def switch(self, restart: Optional[bool] = None) -> dict[str, Any]:

@@ -4,8 +4,9 @@ The stacks of this module are configured as for a real host (README "Pointing a 
 host"): `host.address`, `host.hostKey` pinned, the SSH private key as the secret
 `gpu-serving:sshPrivateKey` (set from stdin, as the README says), and an HF token as the secret
 `gpu-serving:hfToken`. After a good `up`, previews, a failed `up` (an engine that crashes while
-loading) and a remote command that fails while printing the token, the test looks for both
-secrets in everything the engine printed, the file backend (state, backups, history), the
+loading), a failed `up` whose server prints the token into its journal as it fails (the
+rehearsal engine's `crash_printing_environment`) and a remote command that fails while printing
+the token, the test looks for both secrets in everything the engine printed, the file backend (state, backups, history), the
 stack's outputs and export, the Pulumi home, the project's files, and on the host: every file the
 deployment created or changed (the overlay's upper layer), the tmpfs directories, the whole
 journal, and the command lines sshd ran. The only place a secret may be is the 0600 root
@@ -31,6 +32,13 @@ from .conftest import make_deployment
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
 
 ENV_FILE = "/etc/gpu-serving/kimi-k2.6.env"
+# The stack whose server prints the token into its own journal when it fails to load, and the
+# words of that line (the rehearsal engine's crash_printing_environment).
+LEAK_UNIT, LEAK_ENV_FILE = "sglang-kimi-k2.6-leak.service", "/etc/gpu-serving/leak/kimi-k2.6.env"
+SERVER_LEAK = b"(rehearsal fault crash_printing_environment); environment of the failed process: "
+# How the state marks a secret value (the engine's signature key): encrypted in an export, its
+# plaintext beside it in an export with --show-secrets.
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
 
 
 class Secrets:
@@ -80,7 +88,9 @@ def real(tmp_path_factory, rehearsal_host_factory) -> Secrets:
     token = "hf_" + "".join(c for c in pysecrets.token_urlsafe(40) if c.isalnum())[:34]
     # A strategy whose engine crashes while loading, with its own environment file.
     d.write_fault_stack("crash", "crash_during_load")
-    for stack in ("tp8", "crash"):
+    # One whose server prints its environment, the token's value among it, as it fails to load.
+    d.write_fault_stack("leak", "crash_printing_environment")
+    for stack in ("tp8", "crash", "leak"):
         set_secret(d, stack, "gpu-serving:sshPrivateKey", key)
         set_secret(d, stack, "gpu-serving:hfToken", token)
     return Secrets(d, key, token)
@@ -127,14 +137,85 @@ def test_a_failed_remote_command_that_prints_the_token_is_redacted(real):
                 purpose="reading the environment file", timeout=30, secrets=[s.token])
     message = str(info.value)
     s.outputs["failed remote command"] = message
-    assert "exit 3" in message and "[secret]" in message
+    leaked = s.token in message  # compared apart: a failed `in` would print the message
+    assert not leaked and "exit 3" in message and 'token was HF_TOKEN="[secret]"' in message, message
+
+
+def outside_secrets(value):
+    """The state with every secret value taken out (what may hold the token: nothing)."""
+    if isinstance(value, dict):
+        return None if SECRET_SIG in value else {k: outside_secrets(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [outside_secrets(v) for v in value]
+    return value
+
+
+def test_a_server_that_prints_the_token_as_it_fails_to_load_never_gets_it_into_the_up_or_the_state(real):
+    """Issue 44.2, end to end through the provider's own path. tp8 serves; the `leak` stack's
+    server (the rehearsal engine's crash_printing_environment) fails while loading and writes the
+    HF token it was given (gpu-serving:hfToken, in its environment file) into its journal, on the
+    last line of its traceback, as real failure reports have; tp8, started again by the rollback,
+    fails the same way (a runtime drop-in gives it the fault), so nothing serves and the service
+    records the failure in the state (`switchFailure`, the readiness report's `rollback`) as well
+    as failing the `up`. The provider's journal tails go through its own redaction (the switch
+    executor's, of `ServiceSpec.secrets`: the resource's secretEnvironment), with no secret list
+    handed over by this test.
+
+    The token is absent from the whole output of the `up` (every line the engine printed, and the
+    error's stdout and stderr), from `pulumi stack export` and `stack output` (secrets stay
+    ciphertext), and from the Automation API's export outside the values the state keeps secret
+    (`Stack.export_stack` always passes --show-secrets). The state is where a broken redaction
+    shows: the engine itself prints a secret config value as `[secret]` (its output filter), while
+    `switchFailure`, an output no input made secret, is stored as the provider wrote it. Not blind:
+    the server's line is in the output and in the recorded failure with the token's place taken,
+    and the token is in both units' journals on the host."""
+    s, d = real, real.d
+    tp8 = "sglang-kimi-k2.6-tp8.service"
+    # What the failed switch rolls back to (an `up` that changes nothing when tp8 already serves).
+    assert d.stack("tp8").up().outputs["readiness"].value["status_when_checked"] == "ready"
+    drop_in = f"/run/systemd/system/{tp8}.d"
+    d.sh(f"mkdir -p {drop_in} && printf '[Service]\\nEnvironment=REHEARSAL_FAULT=crash_printing_environment\\n' "
+         f"> {drop_in}/pt-fault.conf && systemctl daemon-reload")
+    H.fault_injected("a server that prints the HF token as it fails to load, and a rollback that fails the same way")
+    try:
+        text = capture(s, "failed up leak", d.stack("leak").up, fails=True)
+    finally:
+        d.sh(f"rm -rf {drop_in} && systemctl daemon-reload")
+    exported = pulumi_cli(d, "stack", "export", stack="leak")
+    output = pulumi_cli(d, "stack", "output", "--json", stack="leak").stdout
+    s.outputs["stack export leak"], s.outputs["stack output leak"] = exported.stdout, output
+    # The token's absence first, so that no message below can print it (nor pytest's own account
+    # of a failed `in`: only the names of the places are compared).
+    leaked = [name for name, value in (("up", text), ("export", exported.stdout), ("output", output)) if s.token in value]
+    assert not leaked, leaked
+    assert "readiness: crashed_during_load" in text and "rollback failed: nothing serves on " in text, text[-3000:]
+    for unit in (LEAK_UNIT, tp8):
+        printed = s.token in d.sh(f"journalctl -u {unit} --no-pager -o cat")
+        assert printed, f"{unit} must have printed the token"
+    line = "could not load the checkpoint's weights (rehearsal fault crash_printing_environment); environment of the " \
+           "failed process: "
+    assert line in text and "HF_TOKEN=[secret]" in text, text[-3000:]
+    assert exported.returncode == 0 and SECRET_SIG in exported.stdout, exported.stderr
+    failure = [r["outputs"]["switchFailure"] for r in json.loads(exported.stdout)["deployment"]["resources"]
+               if (r.get("outputs") or {}).get("switchFailure")]
+    assert len(failure) == 1 and line in failure[0] and "HF_TOKEN=[secret]" in failure[0], failure
+    assert "rollback failed: nothing serves on " in json.loads(output)["readiness"]["rollback"], output
+    decrypted = d.stack("leak").export_stack().deployment
+    kept = s.token in json.dumps(decrypted)
+    assert kept, "the token is in the state as a secret (else this looks at nothing)"
+    leaked = s.token in json.dumps(outside_secrets(decrypted))
+    assert not leaked, "the token is in the state outside its secret values"
+    # tp8 serves again for the tests after this one.
+    assert d.stack("tp8").up(refresh=True).outputs["readiness"].value["status_when_checked"] == "ready"
+    H.fault_survived("a server that prints the HF token as it fails to load, and a rollback that fails the same way")
 
 
 def test_environment_file_is_0600_root_and_the_only_place_of_the_token(real):
     s, d = real, real.d
-    assert d.sh(f"stat -c '%a %U %G' {ENV_FILE} /etc/gpu-serving/crash/kimi-k2.6.env").split() == \
-        ["600", "root", "root", "600", "root", "root"]
     allowed = {ENV_FILE, "/etc/gpu-serving/crash/kimi-k2.6.env"}
+    if d.host.run(f"test -e {LEAK_ENV_FILE}").returncode == 0:  # the leak stack's test ran before
+        allowed.add(LEAK_ENV_FILE)
+    assert d.sh(f"stat -c '%a %U %G' {' '.join(sorted(allowed))}").split() == ["600", "root", "root"] * len(allowed)
     found: dict[str, list[str]] = {}
     seen: set[str] = set()
 
@@ -158,10 +239,15 @@ def test_environment_file_is_0600_root_and_the_only_place_of_the_token(real):
     assert checked > 20
     assert seen == allowed, "the search must find the token where it belongs (it is not blind)"
     s.outputs["host files"] = ""
-    # The journal, decoded (journald compresses large fields).
+    # The journal, decoded (journald compresses large fields), every entry but the lines the
+    # servers printed themselves under crash_printing_environment (the token's value among them;
+    # what the deployment repeats of them is checked in the outputs above).
     journal = subprocess.run(["journalctl", "-D", str(Path(d.host.instance_dir) / "merged/var/log/journal"), "-o",
-                              "export", "--no-pager"], capture_output=True, timeout=120).stdout
-    assert b"sglang-kimi-k2.6-crash.service" in journal
+                              "json", "--all", "--no-pager"], capture_output=True, timeout=120).stdout
+    entries = [json.loads(line) for line in journal.splitlines() if line.strip()]
+    assert any(e.get("_SYSTEMD_UNIT") == "sglang-kimi-k2.6-crash.service" for e in entries)
+    journal = b"\n".join(field_bytes(v) for e in entries if SERVER_LEAK not in field_bytes(e.get("MESSAGE", ""))
+                          for v in e.values())
     if s.hits(journal):
         found["host journal"] = s.hits(journal)
     s.outputs["host journal"] = ""
@@ -192,6 +278,16 @@ def test_environment_file_is_0600_root_and_the_only_place_of_the_token(real):
     H.secrets_checked(len(s.outputs), sum(len(v) for v in found.values()))
     assert not found, json.dumps(found, indent=1)
     assert len([k for k in s.outputs if k.startswith("file state")]) >= 2
+
+
+def field_bytes(value) -> bytes:
+    """A journal field as `journalctl -o json` gives it: text, bytes as a list of numbers, or a
+    list of either when the entry has the field more than once."""
+    if isinstance(value, list):
+        if all(isinstance(x, int) for x in value):
+            return bytes(value)
+        return b"\n".join(field_bytes(x) for x in value)
+    return str(value).encode()
 
 
 def ssh_keygen_pub(tmp: Path) -> str:

@@ -76,9 +76,12 @@ def router_host(rehearsal_host, tmp_path_factory):
 
 
 def admin_for(h, settings) -> remote_router.RouterAdmin:
+    return remote_router.RouterAdmin(admin_props(h, settings))
+
+
+def admin_props(h, settings, key: str = KEY) -> dict:
     r = settings.router
-    return remote_router.RouterAdmin({"connection": connection(h), "bind": r.bind, "port": r.port,
-                                      "venvPath": r.venv_path, "adminKey": KEY})
+    return {"connection": connection(h), "bind": r.bind, "port": r.port, "venvPath": r.venv_path, "adminKey": key}
 
 
 def test_router_installs_offline_and_its_binary_runs(router_host):
@@ -99,7 +102,7 @@ def test_admin_api_lists_removes_drains_and_adds_back(router_host):
     workers = admin.wait("the router does not route to the engine", lambda ws: bool(R.serving(ws)), 120)
     assert [(w.url, w.strategy) for w in workers] == [(worker, "tp8 pp1 dp1")]  # smg copies no ep_size label
     # Without the key the admin API refuses.
-    anonymous = remote_router.RouterAdmin({**admin.props, "adminKey": "wrong-key-0123456789"})
+    anonymous = remote_router.RouterAdmin(admin_props(h, settings, "wrong-key-0123456789"))
     assert anonymous.call("GET", "/workers")[0] == 401
     # Requests through the router, long enough to be in flight while it is taken out.
     router_url = R.worker_url(h.address, settings.router.port)

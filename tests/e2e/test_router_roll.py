@@ -335,14 +335,28 @@ def wait_health(host, timeout: float = 120) -> None:
         time.sleep(1)
 
 
+STDERR = "\n stderr: "  # where a CommandError's text has the command's stderr
+
+
 def refused(run) -> str:
     """The output of a preview or up that must fail (the engine's CommandError)."""
     lines: list[str] = []
-    with pytest.raises(auto.CommandError):
+    with pytest.raises(auto.CommandError) as info:
         run(lines.append)
-    text = "\n".join(lines)
+    # What the engine printed (stdout, line by line as it came), then its stderr.
+    text = "\n".join(lines) + STDERR + str(info.value).rpartition(STDERR)[2]
     assert "Traceback" not in text and "Resource monitor" not in text, text[-4000:]
     return text
+
+
+def said(text: str, words: str) -> tuple[int, int, int]:
+    """How many times a refused run (`refused`'s text) said `words`: among its live lines (what the
+    engine prints as the run goes), in the "Diagnostics:" summary it prints at the end (which
+    repeats every error and warning of the run, by design), and on its stderr. Said once is
+    (1, 1, 0)."""
+    live, _, rest = text.partition("\nDiagnostics:\n")
+    summary, _, stderr = rest.partition(STDERR)
+    return live.count(words), summary.count(words), stderr.count(words)
 
 
 def fleet_of(fleet, entries: dict) -> None:
@@ -359,7 +373,8 @@ def all_hosts(fleet) -> dict:
 def test_a_host_whose_address_is_not_known_stops_the_run_before_anything_changes(fleet):
     """Issue 36.6: with gpu3's rehearsal host stopped, `up` took its stand-in name for a fleet change:
     the router's unit rewritten with http://rehearsal-<name>:30001, gpu3 ejected, a batch rolled.
-    Now the preview and the up stop, naming the entry, and nothing changes."""
+    Now the preview and the up stop, naming the entry, said once as `said` counts it, and nothing
+    changes."""
     gpu1 = fleet.hosts["gpu1"]
     unit = gpu1.run("cat /etc/systemd/system/gpu-serving-router.service").stdout
     fleet_of(fleet, {**all_hosts(fleet), "gpu3": "pt-not-booted"})
@@ -367,6 +382,7 @@ def test_a_host_whose_address_is_not_known_stops_the_run_before_anything_changes
         for run in (lambda out: stack(fleet, "pp8").preview(on_output=out), lambda out: stack(fleet, "pp8").up(on_output=out)):
             text = refused(run)
             assert "nothing was changed: hosts[gpu3]: the rehearsal host 'pt-not-booted' is not running" in text, text[-3000:]
+            assert said(text, "the rehearsal host 'pt-not-booted' is not running") == (1, 1, 0), text
             assert "rehearsal-pt-not-booted" not in text and "roll: taking" not in text, text[-3000:]
     finally:
         fleet_of(fleet, all_hosts(fleet))
@@ -377,8 +393,12 @@ def test_a_host_whose_address_is_not_known_stops_the_run_before_anything_changes
 def test_a_host_that_does_not_answer_stops_the_roll_before_any_host_leaves_the_router(fleet):
     """Issue 36.5 and 36.12: gpu3 unreachable (its link down: no route, as to a dead box; the router
     may go on calling it healthy). The roll to pp8 used to take gpu1 out first and fail with full
-    Python tracebacks. Now the preview and the up refuse in one line naming hosts[gpu3], before any
-    host leaves the router: gpu1 and gpu2 keep serving tp8 through it."""
+    Python tracebacks, the OSError said twice. Now the preview and the up refuse in one line naming
+    hosts[gpu3], before any host leaves the router: gpu1 and gpu2 keep serving tp8 through it.
+    Said once, in each run: exactly one of the engine's live lines says that gpu3 cannot be
+    reached, its "Diagnostics:" summary (which repeats each error of the run) says it exactly once
+    too, and its stderr not at all; no other line says it (a second resource failing on the same
+    host, or a warning naming the same failure, would)."""
     gpu3 = fleet.hosts["gpu3"]
     subprocess.run(["ip", "link", "set", f"gsr-{gpu3.name}", "down"], check=True)
     try:
@@ -386,6 +406,7 @@ def test_a_host_that_does_not_answer_stops_the_roll_before_any_host_leaves_the_r
             text = refused(run)
             assert (f"nothing was changed: hosts[gpu3] (http://{gpu3.address}:30001): cannot reach root@{gpu3.address}:22 over "
                     "SSH") in text, text[-3000:]
+            assert said(text, f"cannot reach root@{gpu3.address}:22") == (1, 1, 0), text
             assert "roll: taking" not in text, text[-3000:]
         for name in ("gpu1", "gpu2"):
             h = fleet.hosts[name]

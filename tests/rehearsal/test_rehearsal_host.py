@@ -183,10 +183,10 @@ def test_the_model_directory_is_a_checkpoint_the_host_scripts_read_with_its_own_
 
 
 def test_up_is_idempotent(rehearsal_host):
-    t0 = time.monotonic()
+    # The same machine, not booted again: the same nspawn process and address (how long `up`
+    # takes to say so is no promise).
     again = host.up(rehearsal_host.name)
     assert again.pid == rehearsal_host.pid and again.address == rehearsal_host.address
-    assert time.monotonic() - t0 < 30
 
 
 def test_rejects_bad_names_and_conflicting_settings(rehearsal_host):
@@ -236,15 +236,15 @@ def test_two_hosts_at_once(rehearsal_host, rehearsal_host_factory):
     assert proc.returncode == 0, proc
 
 
-def test_down_leaves_nothing_behind(rehearsal_host_factory):
+def test_down_leaves_nothing_behind(rehearsal_host_factory, capfd):
     info = rehearsal_host_factory()
     assert info.pidns and info.leader_pid
     idir = info.instance_dir
     assert f"/run/netns/{info.netns}" in proc_mounts() and f"{info.veth}@" in links()
 
-    t0 = time.monotonic()
+    capfd.readouterr()
     host.down(info.name)
-    took = time.monotonic() - t0
+    said = capfd.readouterr().err
 
     assert not Path("/run/netns", info.netns).exists()
     assert f"{info.veth}@" not in links()
@@ -254,7 +254,9 @@ def test_down_leaves_nothing_behind(rehearsal_host_factory):
     assert machine.pids_in_pidns(info.pidns) == []
     assert not Path(idir).exists() and not Path(info.state_dir).exists()
     assert host.status(info.name).state == "absent"
-    assert took < 30
+    # A clean poweroff (systemd in the container stopped everything), not the SIGKILL that down
+    # falls back to after its own 30 s bound: said by down itself, not by a stopwatch.
+    assert "no clean poweroff" not in said, said
 
 
 def test_up_cleans_up_after_a_crash(rehearsal_host_factory):

@@ -93,12 +93,17 @@ def test_a_cold_start_then_a_warm_one(launch, engine_env, tmp_path):
             entries.append((calendar.timegm(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")), m.group(2)))
     record = P.phases(entries, host="h", stack="tp8", layout="tp8")
     assert set(record.phases) == set(P.PHASES) and record.total is not None
-    assert record.load_reported is not None and record.load_reported < 1
+    # The load the recorder keeps is the engine's own figure ("Load weight end. elapsed=").
+    reported = [float(m) for m in re.findall(r"Load weight end\. elapsed=([0-9.]+) s", second.log)]
+    assert reported and record.load_reported == max(reported)
 
 
 def test_without_the_model_the_timings_stay_as_they_were(launch, engine_env):
-    e = launch("--tp-size", "8", env=engine_env())  # REHEARSAL_LOAD_SECONDS=0, no disk rate
-    e.wait_ready()
+    # REHEARSAL_LOAD_SECONDS=0 and no disk rate: the model is off, so its init, page-cache and
+    # graph-capture figures, set here to take an hour each, are not waited: the engine is ready
+    # within wait_ready's minute (an outcome, not a measured time; the hour is 60 times that).
+    e = launch("--tp-size", "8", env=engine_env(REHEARSAL_INIT_SECONDS="3600", REHEARSAL_GRAPH_SECONDS="3600",
+                                                REHEARSAL_PAGE_CACHE_MIB_S="0.001"))
+    e.wait_ready(60)
     assert "rehearsal: load model:" not in e.log
-    assert e.get("/server_info")[1]["rehearsal"]["start_seconds"]["load_weight"] < 1
     e.terminate()

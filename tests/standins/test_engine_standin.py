@@ -250,6 +250,18 @@ def test_fault_crash_during_load(launch, engine_env):
     assert "rehearsal fault crash_during_load" in engine.log and "HTTP server listening" not in engine.log
 
 
+def test_fault_crash_printing_environment_logs_the_token_it_was_given(launch, engine_env):
+    # The server's own leak, for the deploy's redaction to be tested against (e2e/test_hardening_secrets.py):
+    # the token's value on the traceback's last line, other variables' beside it, nothing else's.
+    token = "hf_StandInTokenForTheLeakingFault0123"
+    engine = launch("--tp-size", "8", env=engine_env(REHEARSAL_FAULT="crash_printing_environment", REHEARSAL_LOAD_SECONDS="0.4",
+                                                     HF_TOKEN=token, NCCL_ALGO="Ring", PT_NOT_DUMPED="x"))
+    assert engine.wait_exit() != 0
+    line = next(x for x in engine.log.splitlines() if "TP0] OSError: could not load the checkpoint's weights" in x)
+    assert "environment of the failed process: " in line and f"HF_TOKEN={token}" in line and "NCCL_ALGO=Ring" in line, line
+    assert "PT_NOT_DUMPED" not in engine.log and "HTTP server listening" not in engine.log
+
+
 def test_fault_oom_during_load(launch, engine_env):
     engine = launch("--tp-size", "8", env=engine_env(REHEARSAL_FAULT="oom_during_load"))
     assert engine.wait_exit() != 0 and "torch.OutOfMemoryError" in engine.log

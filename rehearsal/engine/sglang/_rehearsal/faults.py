@@ -9,6 +9,10 @@ FAULTS = {
     "crash_during_load": "exit non-zero halfway through the weight load, with a traceback in the log",
     "hang_during_load": "never finish loading: the port never opens (SIGTERM still stops it)",
     "oom_during_load": "fail halfway through the weight load with CUDA out of memory",
+    # A server that prints a secret it was given: what the deploy must never repeat (issue 44.2).
+    "crash_printing_environment": "exit non-zero halfway through the weight load, the error line carrying the "
+                                  "process's hub, CUDA, NCCL and SGLang environment with its values, HF_TOKEN's "
+                                  "among them (see environment_dump)",
     "die_after_requests": "die_after_requests:N - exit non-zero after serving N generation requests",
     "health_fail_after_ready": "become ready, then answer 503 on /health and /health_generate forever",
     "rewrite_layout": "report an ep_size in /server_info different from the one resolved at launch",
@@ -29,6 +33,24 @@ FAULTS = {
     "bootstrap_never_starts": "prefill server: its bootstrap server never opens its port (the ranks cannot register, "
                               "decode servers cannot look it up); it serves its own port as usual",
 }
+# The variables crash_printing_environment's error line carries: those a load failure's report is
+# about (the hub's, CUDA's, NCCL's, SGLang's).
+DUMPED_PREFIXES = ("HF_", "HUGGING_FACE_", "CUDA_", "NCCL_", "SGLANG_")
+
+
+def environment_dump(env) -> str:
+    """crash_printing_environment's error (an OSError's message, the traceback's last line): the
+    load's failure with the environment it ran in, values and all. Real reports have carried
+    secrets verbatim in the same way: an error or warning that prints the token it was passed
+    (huggingface/datasets#6412), a failure report that dumps the variables of the process, a
+    startup record with the server's credentials (sgl-project/sglang#37457). The token is in the
+    journal because the server put it there; the deploy's part is never to repeat it
+    (components/core/specs.py `ServiceSpec.secrets`: the values the switch redacts)."""
+    dumped = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith(DUMPED_PREFIXES)) or "(none set)"
+    return ("could not load the checkpoint's weights (rehearsal fault crash_printing_environment); "
+            f"environment of the failed process: {dumped}")
+
+
 PREFILL_FAULTS = ("prefill_dies_mid_transfer", "bootstrap_never_starts")
 MULTI_NODE_FAULTS = ("never_join", "crash_after_join")
 

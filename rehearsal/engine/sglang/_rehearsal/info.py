@@ -58,12 +58,15 @@ def server_info(engine) -> dict:
 
 
 def performance_info(engine) -> dict:
+    # seconds_per_token: what a token takes now, the speed faults included (engine.token_step,
+    # the figure the pace waits).
     if engine.seconds_per_token:
-        return {"pacing": f"fixed {engine.seconds_per_token} s per token (REHEARSAL_SECONDS_PER_TOKEN)"}
+        return {"pacing": f"fixed {engine.seconds_per_token} s per token (REHEARSAL_SECONDS_PER_TOKEN)",
+                "seconds_per_token": engine.token_step()}
     if not (engine.perf and engine.perf_layout):
-        return {"pacing": "none"}
+        return {"pacing": "none", "seconds_per_token": engine.token_step()}
     layers = engine.model.num_layers
-    return {"pacing": "model", "parameters": "sglang/_rehearsal/performance.json",
+    return {"pacing": "model", "seconds_per_token": engine.token_step(), "parameters": "sglang/_rehearsal/performance.json",
             "interconnect": engine.perf_layout.interconnect,
             "cross_node": engine.perf_layout.cross_node if engine.perf_layout.nnodes > 1 else None,
             "running": engine.running,

@@ -220,16 +220,21 @@ class Engine:
             self.stats.finished(result, time.time())
             self.shutdown.wake.set()
 
-    def token_delay(self, result: dict | None = None):
-        """Wait until the request's next token is due. Due times are kept per request (not a
-        sleep per token), so the time spent writing chunks does not slow the modelled pace."""
+    def token_step(self, result: dict | None = None) -> float:
+        """Seconds a token takes now: the fixed pace or the performance model's, slowed by the
+        speed faults. What token_delay waits, and what /server_info reports (one figure)."""
         if self.seconds_per_token:
             step = self.seconds_per_token
         elif self.perf and self.perf_layout:
             step = self.perf.round_ms(self.perf_layout, self.model.num_layers, self.running) / 1000
         else:
             step = 0.0
-        step = self.slowed(step, result)
+        return self.slowed(step, result)
+
+    def token_delay(self, result: dict | None = None):
+        """Wait until the request's next token is due. Due times are kept per request (not a
+        sleep per token), so the time spent writing chunks does not slow the modelled pace."""
+        step = self.token_step(result)
         if not step:
             return
         if result is None:
@@ -437,10 +442,12 @@ class Engine:
         shards = checkpoint.check(args.model_path)  # every shard there and whole, or SGLang's failure
         if self.fault == "hang_during_load":
             self.wait(None)
-        if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join") or oom:
+        if self.fault in ("crash_during_load", "oom_during_load", "crash_after_join", "crash_printing_environment") or oom:
             self.wait(load_seconds / 2)
             if oom:
                 raise oom
+            if self.fault == "crash_printing_environment":
+                raise Refusal("load", "OSError", faults.environment_dump(env))
             if self.fault == "oom_during_load":
                 raise Refusal("load", "torch.OutOfMemoryError",
                               "CUDA out of memory. Tried to allocate 2.00 GiB. (rehearsal fault oom_during_load)")
