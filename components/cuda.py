@@ -2,7 +2,7 @@
 installed and decides what to do; components/remote/installers.py does it)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 from pulumi.dynamic import Resource
@@ -35,7 +35,7 @@ class _CudaInstall(Resource, module=MODULE, name="CudaToolkitInstall"):
 def install_props(cuda: CudaSettings) -> dict:
     """The provider's inputs for the declared toolkit (without the connection). For the
     rehearsal repository, builds it (cached) and pins its keyring."""
-    props = {
+    props: dict[str, Any] = {
         "version": cuda.version,
         "home": cuda.home,
         "install": cuda.install,

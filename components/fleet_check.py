@@ -100,7 +100,7 @@ def read_fleet(doc: dict) -> Optional[dict]:
 
 
 def _plan_roll(settings: StackSettings, plans: list, private_key, secret_keys: list[str]) -> roll_plan.RollPlan:
-    r = settings.router
+    r = settings.declared_router
     names = [n for n, _ in plans]
     conns = {n: connection_of(GpuHostArgs(p.settings, private_key=private_key, entry=n)) for n, p in plans}
     urls = {n: R.worker_url(conns[n][1], p.settings.serving.port) for n, p in plans}

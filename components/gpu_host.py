@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 from pulumi.runtime import config as runtime_config
@@ -32,7 +32,7 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]
     """(the secret connection object the providers use, the host's address, the same object as
     a plain dict when the program knows it now: None while the key is only an Output)."""
     h = args.settings.host
-    shared = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
+    shared: dict[str, Any] = {"connectTimeout": h.connect_timeout_seconds, "commandTimeout": h.command_timeout_seconds}
     # Labels for messages (ssh.CONNECTION_LABELS: never a change): which entry, where its key is set.
     entry = args.setting or (f"hosts[{args.entry}]" if args.entry else "gpu-serving:host")
     if h.is_rehearsal:
@@ -44,16 +44,17 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]
         if reach is None:
             # One host: preview still works without it, and `up` stops with this sentence. A fleet's
             # or a multi-node stack's run stops before anything changes (fleet_check.py).
-            conn = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "", "hostKey": "",
-                    "unavailable": rehearsal_adapter.not_running(h.rehearsal, entry), **shared}
+            conn: dict[str, Any] = {"host": f"rehearsal-{h.rehearsal}", "port": 22, "user": "root", "privateKey": "",
+                                    "hostKey": "", "unavailable": rehearsal_adapter.not_running(h.rehearsal, entry), **shared}
             return pulumi.Output.secret(conn), conn["host"], None
         conn = {**reach, **shared}
         return pulumi.Output.secret(conn), conn["host"], conn
+    assert h.address is not None  # not a rehearsal host: it has its address
     if not h.host_key:
         raise pulumi.RunError(f"{args.setting or 'gpu-serving:host'}.hostKey is required for a real host: pin its SSH host key "
                               f"(ssh-keyscan -t ed25519 {h.address}), so nobody else can answer in its place")
 
-    def plain(key: str) -> dict:
+    def plain(key: str) -> dict[str, Any]:
         return {"host": h.address, "port": h.port, "user": h.user, "privateKey": key, "hostKey": h.host_key, **shared}
 
     if args.private_key is not None:
@@ -63,7 +64,8 @@ def connection_of(args: GpuHostArgs) -> tuple[pulumi.Output, str, Optional[dict]
         if isinstance(text, str):
             conn = plain(text)
             return pulumi.Output.secret(conn), h.address, conn
-        return pulumi.Output.secret(args.private_key).apply(plain), h.address, None
+        secret_key: pulumi.Output[str] = pulumi.Output.secret(args.private_key)
+        return secret_key.apply(plain), h.address, None
     if h.private_key_path:
         conn = plain(Path(h.private_key_path).expanduser().read_text())
         return pulumi.Output.secret(conn), h.address, conn

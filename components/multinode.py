@@ -32,10 +32,10 @@ class MultiNodeServing(pulumi.ComponentResource):
         rank0 = nodes[0][2]
         self.rendezvous = RendezvousCheck(f"{name}-rendezvous", RendezvousSpec(
             connection=rank0.connection,
-            nodes=tuple(RendezvousNode(n, p.settings.node.rank, h.connection) for n, p, h in nodes),
-            address=s.node.rank0_address,
+            nodes=tuple(RendezvousNode(n, p.settings.node_place.rank, h.connection) for n, p, h in nodes),
+            address=s.node_place.rank0_address,
             ssh_port=rank0.connection.apply(lambda c: int(c.get("port", 22))),
-            port=s.node.port,
+            port=s.node_place.port,
             # A changed unit on any node checks again before it is written.
             units={n: hashlib.sha256(p.unit.text.encode()).hexdigest()[:16] for n, p, _ in nodes},
         ).to_props(), pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[*installs, *(h for _, _, h in nodes)])))
@@ -59,7 +59,7 @@ class MultiNodeServing(pulumi.ComponentResource):
                                                                       for k, v in p.environment.items()}, sh)),
             exec_start=shlex.join(str(a) for a in first.unit.exec_start),
             environment=first.environment,
-            ranks=tuple(RankSpec(n, p.settings.node.rank, h.connection, shlex.join(str(a) for a in p.unit.exec_start), p.environment)
+            ranks=tuple(RankSpec(n, p.settings.node_place.rank, h.connection, shlex.join(str(a) for a in p.unit.exec_start), p.environment)
                         for n, p, h in nodes),
             bind=s.serving.host,
             port=s.serving.port,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pulumi
 from pulumi.runtime import config as runtime_config
@@ -74,7 +74,7 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
     switch in the batches the roll was planned in (fleet_check: the hosts out of service first,
     then at most rollout.maxUnavailable at a time, never the last one serving), each batch after
     the previous one, each host taken out of the router and put back around its switch."""
-    r = settings.router
+    r = settings.declared_router
     hosts = {name: make_host(name, plan, private_key) for name, plan in plans}
     urls = {name: R.worker_url(hosts[name].address, plan.settings.serving.port) for name, plan in plans}
     if r.runs_on is not None:
@@ -95,22 +95,25 @@ def deploy_fleet_behind_router(settings: StackSettings, plans: list, private_key
         services = []
         for name in batch:
             plan = dict(plans)[name]
-            member = pulumi.Output.all(router_host.connection, admin_key).apply(lambda a, url=urls[name], name=name: RouterPlace(
-                connection=a[0], bind=r.bind, port=r.port, venv_path=r.venv_path, admin_key=a[1], worker_url=url,
-                drain_timeout=settings.rollout.drain_timeout_seconds, ready_timeout=r.ready_timeout_seconds,
-                routed_by=routed_by(settings),
-                # Serves as declared but out of the router: its update puts it back (no restart).
-                rejoin=name in rejoin).to_props())
+
+            def member_props(a: list[Any], url: str = urls[name], name: str = name) -> dict[str, Any]:
+                return RouterPlace(
+                    connection=a[0], bind=r.bind, port=r.port, venv_path=r.venv_path, admin_key=a[1], worker_url=url,
+                    drain_timeout=settings.rollout.drain_timeout_seconds, ready_timeout=r.ready_timeout_seconds,
+                    routed_by=routed_by(settings),
+                    # Serves as declared but out of the router: its update puts it back (no restart).
+                    rejoin=name in rejoin).to_props()
+            member = pulumi.Output.all(router_host.connection, admin_key).apply(member_props)
             outputs[name] = deploy_host(name, plan, private_key, secret_env,
                                         benchmark=settings.benchmark.on_deploy and name == plans[0][0], host=hosts[name],
                                         router=pulumi.Output.secret(member), after=list(previous), notice=notice)
             services.append(outputs[name]["service"])
         previous = services
-    check = RouterReadiness("router-readiness", RouterReadinessSpec(
+    ready = RouterReadiness("router-readiness", RouterReadinessSpec(
         access=RouterAdminAccess(router_host.connection, r.bind, r.port, r.venv_path, admin_key),
         expected=tuple(urls[n] for n, _ in plans), names={urls[n]: n for n, _ in plans}, timeout_seconds=r.ready_timeout_seconds,
     ).to_props(), pulumi.ResourceOptions(depends_on=[router.service, *[o["service"] for o in outputs.values()]]))
-    pulumi.export("router", {"url": router.url, "status": check.status, "reason": check.reason, "workers": check.workers})
+    pulumi.export("router", {"url": router.url, "status": ready.status, "reason": ready.reason, "workers": ready.workers})
     return {name: outputs[name] for name, _ in plans}
 
 

@@ -2,7 +2,7 @@
 refresh` probes the server again and a server that died since the last `up` is drift."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
 
 import pulumi
 
@@ -12,11 +12,14 @@ from .gpu_host import GpuHost
 from .resources import FailedSwitch, Readiness
 from .serving_unit import ServingUnit
 
+if TYPE_CHECKING:
+    from .multinode import MultiNodeServing
+
 
 class ReadinessCheck(pulumi.ComponentResource):
     report: pulumi.Output[dict]
 
-    def __init__(self, name: str, plan: ServingPlan, host: GpuHost, unit: ServingUnit,
+    def __init__(self, name: str, plan: ServingPlan, host: GpuHost, unit: Union[ServingUnit, MultiNodeServing],
                  opts: Optional[pulumi.ResourceOptions] = None, prefix: str = ""):
         super().__init__("gpu-serving:index:ReadinessCheck", name, {}, opts)
         s = plan.settings

@@ -119,6 +119,19 @@ class RendezvousCheck(Resource, module=MODULE, name="RendezvousCheck"):
 
 class Readiness(Resource, module=MODULE, name="Readiness"):
     status: pulumi.Output[str]
+    # The rest of the readiness report (core/readiness.py, Report.as_dict), as the provider returns it.
+    url: pulumi.Output[Any]
+    probe: pulumi.Output[Any]
+    seconds_to_ready: pulumi.Output[Any]
+    checked_at: pulumi.Output[Any]
+    checked_by: pulumi.Output[Any]
+    layout: pulumi.Output[Any]
+    model: pulumi.Output[Any]
+    served_model_name: pulumi.Output[Any]
+    version: pulumi.Output[Any]
+    mismatches: pulumi.Output[Any]
+    reason: pulumi.Output[Any]
+    rollback: pulumi.Output[Any]
 
     def __init__(self, name: str, props: dict[str, Any], opts: Optional[pulumi.ResourceOptions] = None):
         outs = {k: None for k in ("status", "url", "probe", "seconds_to_ready", "checked_at", "checked_by", "layout",

@@ -69,7 +69,7 @@ class Router(pulumi.ComponentResource):
     def __init__(self, name: str, host: GpuHost, settings: StackSettings, workers: list[str], admin_key: pulumi.Output,
                  opts: Optional[pulumi.ResourceOptions] = None):
         super().__init__("gpu-serving:index:Router", name, {}, opts)
-        r = settings.router
+        r = settings.declared_router
         try:
             props = install_props(r)
         except ConfigError as exc:

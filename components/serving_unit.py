@@ -171,7 +171,7 @@ class ServingUnit(pulumi.ComponentResource):
             depends_on=[self.environment_file, self.unit_file, *(after or [])],
             hooks=pulumi.ResourceHookBinding(
                 before_delete=[_destroy_warning_hook(f"{prefix}service", prefix, plan, host)],
-                **({"before_create": [said], "before_update": [said]} if said else {})))))
+                before_create=[said] if said else None, before_update=[said] if said else None))))
         self.active = self.service.active
         self.readiness_report = self.service.readinessReport
         self.register_outputs({"unit": self.unit_name, "active": self.active})

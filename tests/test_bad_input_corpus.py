@@ -488,8 +488,9 @@ def test_every_pattern_matches_whole_strings_in_ascii():
 
 
 def test_a_trailing_newline_never_matches_a_settings_pattern():
-    import components.core.config as config
-    patterns = [v for v in vars(config).values() if isinstance(v, re.Pattern)]
+    from components.core import config, config_fields, config_hosts, config_serving
+    patterns = [v for m in (config, config_fields, config_hosts, config_serving) for v in vars(m).values()
+                if isinstance(v, re.Pattern)]
     assert len(patterns) > 15
     for p in patterns:
         assert p.pattern.startswith("\\A") and p.pattern.endswith("\\Z") and p.flags & re.ASCII, p.pattern

@@ -209,3 +209,21 @@ def test_real_host_keys_are_accepted(key):
 def test_malformed_host_keys_are_refused(key, rule):
     errs = errors_of({**BASE, "host": {"address": "10.0.0.11", "hostKey": key}})
     assert rule in errs["gpu-serving:host.hostKey"], errs
+
+
+def test_every_settings_class_is_found_where_it_says_it_lives():
+    """Each model (and the serving settings' base built from the flag table at run time) names the
+    module it is bound in, so pickle and pydantic find it there; parsed settings survive a pickle."""
+    import pickle
+    import sys
+
+    from components.core.config import OPTIONAL_SECTIONS, SECTIONS, StackSettings
+    from components.core.config_hosts import HostEntry
+
+    classes = {StackSettings, HostEntry, *SECTIONS.values(), *OPTIONAL_SECTIONS.values()}
+    classes |= {base for cls in list(classes) for base in cls.__mro__ if base.__module__.startswith("components.")}
+    assert any(c.__name__ == "_ServingFlags" for c in classes)
+    for cls in classes:
+        assert getattr(sys.modules[cls.__module__], cls.__qualname__) is cls, cls
+    settings = parse_settings("t", {**BASE, "serving": {"memFractionStatic": 0.8}})
+    assert pickle.loads(pickle.dumps(settings)) == settings

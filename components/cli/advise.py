@@ -111,7 +111,8 @@ def run(args) -> int:
     try:
         settings = parse_settings(args.stack, load_stack_config(args.project_dir, args.stack))
         workload, workload_from = _workload(args, settings)
-        source, notes = "host block", []
+        source = "host block"
+        notes: list[str] = []
         if args.facts:
             settings, notes = A.host_from_facts(settings, _facts(args.project_dir, args.stack))
             source = "host facts in the stack's state"

@@ -136,7 +136,7 @@ def run(args) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if before is not None and (checked.pd is not None or before_checked.pd is not None):
+    if before_checked is not None and before is not None and (checked.pd is not None or before_checked.pd is not None):
         switch = pd_switch.plan(pd_switch.side(before_checked, found), pd_switch.side(checked, found))
         if args.json:
             json.dump(switch.as_dict(), sys.stdout, indent=2)

@@ -6,7 +6,10 @@ tie, never a "best"; the project's own stacks are always named, refused ones wit
 """
 from __future__ import annotations
 
-from .advise import ESTIMATE, Advice, Candidate, Estimate
+from typing import Any
+
+from .advise import Advice
+from .advise_model import ESTIMATE, Candidate, Estimate
 
 
 def render(a: Advice, top: int = 8) -> str:
@@ -42,13 +45,13 @@ def render(a: Advice, top: int = 8) -> str:
     lines.append("")
     lines.append(f"valid layouts ({len(a.valid)}): weights and KV room per GPU from the memory plan")
     for c in sorted(a.valid, key=lambda c: c.name):
-        m = c.memory
+        m = c.memory_plan
         lines.append(f"  {c.name:<22} {c.layout.describe():<40} weights {m.weights_gb:6.1f} GB, KV {m.kv_pool_gb:5.1f} GB "
                      f"= {m.max_total_tokens * c.layout.dp_size:>9,} tokens{_stacks(c)}")
     lines.append(f"refused layouts ({len(a.refused)}): the rule each breaks")
     for c in sorted(a.refused, key=lambda c: c.name):
-        e = c.refused[0]
-        lines.append(f"  {c.name:<22} {c.layout.describe():<40} {e.setting}: {e.rule}" + (f" ({e.fix})" if e.fix else "")
+        err = c.refused[0]
+        lines.append(f"  {c.name:<22} {c.layout.describe():<40} {err.setting}: {err.rule}" + (f" ({err.fix})" if err.fix else "")
                      + _stacks(c))
     lines += _own_stacks(a)
     for conc, ests in a.ranking.items():
@@ -96,12 +99,13 @@ def _own_stacks(a: Advice) -> list[str]:
     lines = ["the project's stacks on this host:"]
     for o in a.own:
         mark = " (the stack advised for)" if o.name == a.settings.stack else ""
+        layout = o.layout.describe() if o.layout is not None else ""  # every verdict but "unreadable" has one
         if o.verdict == "valid":
-            text = f"valid: {o.layout.describe()}"
+            text = f"valid: {layout}"
         elif o.verdict == "refused":
-            text = f"REFUSED: {o.layout.describe()}: {o.detail}"
+            text = f"REFUSED: {layout}: {o.detail}"
         elif o.verdict == "not considered":
-            text = f"not ranked: {o.layout.describe()}: {o.detail}"
+            text = f"not ranked: {layout}: {o.detail}"
         else:
             text = f"cannot be read: {o.detail}"
         lines.append(f"  {o.name:<12}{mark} {text}")
@@ -116,7 +120,7 @@ def _stacks(c: Candidate) -> str:
     return f"  (stack {', '.join(c.stacks)})" if c.stacks else ""
 
 
-def as_dict(a: Advice) -> dict:
+def as_dict(a: Advice) -> dict[str, Any]:
     w = a.ctx.workload
     return {
         "label": ESTIMATE,
@@ -133,8 +137,8 @@ def as_dict(a: Advice) -> dict:
         "own_stacks": [{"name": o.name, "verdict": o.verdict, "layout": o.layout.describe() if o.layout else None,
                         "detail": o.detail} for o in a.own],
         "valid": [{"name": c.name, "layout": c.layout.describe(), "stacks": c.stacks,
-                   "weights_gb": c.memory.weights_gb, "kv_pool_gb": c.memory.kv_pool_gb,
-                   "kv_tokens": c.memory.max_total_tokens * c.layout.dp_size} for c in a.valid],
+                   "weights_gb": c.memory_plan.weights_gb, "kv_pool_gb": c.memory_plan.kv_pool_gb,
+                   "kv_tokens": c.memory_plan.max_total_tokens * c.layout.dp_size} for c in a.valid],
         "refused": [{"name": c.name, "layout": c.layout.describe(), "stacks": c.stacks,
                      "rules": [{"setting": e.setting, "rule": e.rule, "fix": e.fix} for e in c.refused]} for c in a.refused],
         "ranking": {str(conc): [{"name": e.name, "tok_s": round(e.tok_s, 1), "per_request_tok_s": round(e.per_request_tok_s, 2),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from .strategy import Layout
 
@@ -50,15 +50,16 @@ def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[M
     """Benchmark results under `folder` (results/bench/<stack>/<time>/*.json or .jsonl): the
     newest result per stack, workload and concurrency. Files that are not such results are
     skipped with a note, never an error."""
-    found: dict[tuple, tuple[str, Measurement]] = {}
-    notes = []
+    found: dict[tuple[Any, ...], tuple[str, Measurement]] = {}
+    notes: list[str] = []
     if not folder.is_dir():
         return [], notes
     for stack_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
         layout = stack_layouts.get(stack_dir.name)
         files = sorted(f for f in list(stack_dir.rglob("*.json")) + list(stack_dir.rglob("*.jsonl")) if f.name != "meta.json")
-        if files and layout is None:
-            notes.append(f"results for {stack_dir.name} skipped: no valid Pulumi.{stack_dir.name}.yaml to say its layout")
+        if layout is None:
+            if files:
+                notes.append(f"results for {stack_dir.name} skipped: no valid Pulumi.{stack_dir.name}.yaml to say its layout")
             continue
         for f in files:
             settings = _meta_settings(f.parent)
@@ -72,7 +73,8 @@ def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[M
                     continue
                 # SGLang's client records the server's own version in server_info: the rehearsal
                 # engine's says so even where nothing else in the line does.
-                info = doc.get("server_info") if isinstance(doc.get("server_info"), dict) else {}
+                info = doc.get("server_info")
+                info = info if isinstance(info, dict) else {}
                 rehearsal = any("rehearsal" in str(doc.get(k, "")).lower()
                                 for k in ("version", "sglang_version", "backend", "engine", "note")) \
                     or doc.get("rehearsal") is True or "rehearsal" in str(info.get("version", "")).lower()
@@ -84,11 +86,11 @@ def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[M
     return [m for _, m in sorted(found.values(), key=lambda x: (x[1].stack, x[1].concurrency, x[1].workload))], notes
 
 
-def _whole(value) -> Optional[int]:
+def _whole(value: Any) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def _workload(doc: dict, settings: dict) -> tuple[Optional[int], Optional[int], float]:
+def _workload(doc: dict[str, Any], settings: dict[str, Any]) -> tuple[Optional[int], Optional[int], float]:
     """(input tokens, output tokens, range ratio) of one result: SGLang's fields, else meta.json's."""
     inp, out = _whole(doc.get("random_input_len")), _whole(doc.get("random_output_len"))
     ratio = doc.get("random_range_ratio")
@@ -99,7 +101,7 @@ def _workload(doc: dict, settings: dict) -> tuple[Optional[int], Optional[int], 
     return inp, out, ratio
 
 
-def _meta_settings(run_dir: Path) -> dict:
+def _meta_settings(run_dir: Path) -> dict[str, Any]:
     """The benchmark settings `components bench` wrote in the run's meta.json ({} without one)."""
     try:
         meta = json.loads((run_dir / "meta.json").read_text())
@@ -109,7 +111,7 @@ def _meta_settings(run_dir: Path) -> dict:
     return settings if isinstance(settings, dict) else {}
 
 
-def _documents(path: Path) -> list[dict]:
+def _documents(path: Path) -> list[dict[str, Any]]:
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError):
@@ -128,6 +130,7 @@ def _documents(path: Path) -> list[dict]:
     for d in docs:
         if isinstance(d, dict):
             # A wrapper {"result": {...}} or {"results": [...]} as a runner may write it.
-            inner = d.get("results") if isinstance(d.get("results"), list) else [d.get("result", d)]
+            results = d.get("results")
+            inner = results if isinstance(results, list) else [d.get("result", d)]
             out += [x for x in inner if isinstance(x, dict)]
     return out

@@ -23,12 +23,15 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone as tz
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from .recommend import Policy
+from .recommend import Policy, Recommendation
+
+if TYPE_CHECKING:
+    from zoneinfo import ZoneInfo
 
 _WINDOW = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]|24):([0-5][0-9])", re.ASCII)
 MAX_WINDOWS = 24
@@ -52,14 +55,14 @@ class AutoswitchSettings(BaseModel):
 
     @field_validator("windows", mode="before")
     @classmethod
-    def _list(cls, value):
+    def _list(cls, value: Any) -> Any:
         if isinstance(value, list):
             return tuple(value)
         return value
 
     @field_validator("windows")
     @classmethod
-    def _windows(cls, value):
+    def _windows(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         for w in value:
             m = _WINDOW.fullmatch(w)
             if not m:
@@ -72,7 +75,7 @@ class AutoswitchSettings(BaseModel):
 
     @field_validator("timezone")
     @classmethod
-    def _zone(cls, value):
+    def _zone(cls, value: str) -> str:
         from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
         if not re.fullmatch(r"[A-Za-z0-9_+\-/]+", value, re.ASCII):
             raise ValueError("is not an IANA time zone name, e.g. UTC or Europe/Berlin")
@@ -87,7 +90,7 @@ class AutoswitchSettings(BaseModel):
                       min_dwell_seconds=self.min_dwell_minutes * 60.0, switch_seconds=self.switch_minutes * 60.0)
 
 
-def parse(raw) -> AutoswitchSettings:
+def parse(raw: Any) -> AutoswitchSettings:
     """The settings (raises pydantic's ValidationError; config.parse_settings names the setting)."""
     return AutoswitchSettings() if raw is None else AutoswitchSettings.model_validate(raw)
 
@@ -99,6 +102,7 @@ def in_window(windows: tuple[str, ...], when: datetime, zone: str = "UTC") -> Op
     minute = local.hour * 60 + local.minute
     for w in windows:
         m = _WINDOW.fullmatch(w)
+        assert m is not None  # the windows were checked by AutoswitchSettings
         start, end = int(m.group(1)) * 60 + int(m.group(2)), int(m.group(3)) * 60 + int(m.group(4))
         inside = start <= minute < end if start < end else (minute >= start or minute < end)
         if inside:
@@ -119,11 +123,11 @@ class Decision:
     why: str
     checks: tuple[Check, ...] = field(default_factory=tuple)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def decide(rec, settings: AutoswitchSettings, *, now: float, behind_router: bool, drift: list[str],
+def decide(rec: Recommendation, settings: AutoswitchSettings, *, now: float, behind_router: bool, drift: list[str],
            failed_readiness: list[str], switches: list[float], last_switch_at: Optional[float]) -> Decision:
     """Whether `watch --apply` performs `rec` (a recommend.Recommendation) now. `switches`: when
     the applied switches started (seconds since the epoch); `drift`, `failed_readiness`: what is
@@ -156,12 +160,12 @@ def decide(rec, settings: AutoswitchSettings, *, now: float, behind_router: bool
     return Decision(False, "recommend only: " + "; ".join(c.detail for c in failed), tuple(checks))
 
 
-def _zone(name: str):
+def _zone(name: str) -> ZoneInfo:
     from zoneinfo import ZoneInfo
     return ZoneInfo(name)
 
 
-def log_record(rec, decision: Decision, *, now: float) -> dict:
+def log_record(rec: Recommendation, decision: Decision, *, now: float) -> dict[str, Any]:
     """The decision log's record (JSON line): why, the expected gain, and room for the measured
     outcome (`with_outcome` fills it a horizon later)."""
     figures = {f.stack: f for f in rec.figures}
@@ -174,7 +178,7 @@ def log_record(rec, decision: Decision, *, now: float) -> dict:
             "checks": [asdict(c) for c in decision.checks], "outcome": None}
 
 
-def with_outcome(record: dict, *, measured_tok_s: Optional[float], measured_before: Optional[float], at: float) -> dict:
+def with_outcome(record: dict[str, Any], *, measured_tok_s: Optional[float], measured_before: Optional[float], at: float) -> dict[str, Any]:
     """The record with what the switch measurably gave: output tok/s after against before, and
     against what was expected."""
     expected = record["expected"].get("tok_s_after")

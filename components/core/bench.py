@@ -18,12 +18,15 @@ import re
 import shlex
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import ValidationError
 
-from .config import BenchmarkSettings
+from .config import BenchmarkSettings, StackSettings
 from .errors import ConfigError, SettingError
+
+if TYPE_CHECKING:
+    from .plan import ServingPlan
 
 RESULTS_DIR = "results/bench"
 # Timestamp of a run's directory: UTC, sortable, no ':' (a path component on every OS).
@@ -68,7 +71,7 @@ class BenchError(Exception):
 
 
 def refusal(stack: str, unit: str, target: str, serving: Optional[tuple[str, Optional[str]]],
-            readiness: Optional[dict]) -> Optional[str]:
+            readiness: Optional[dict[str, Any]]) -> Optional[str]:
     """Why the benchmark must not run, or None. `serving`: (unit, its stack) of what serves on the
     host (None: nothing); `readiness`: the readiness report read now (status reads it the same
     way). Only the stack's own unit, `ready` in the declared layout, is benchmarked."""
@@ -117,7 +120,7 @@ def level_script(argv: list[str], output_file: str) -> str:
     return f"rm -f -- {shlex.quote(output_file)} && exec {shlex.join(argv)}"
 
 
-def last_record(jsonl: str) -> dict:
+def last_record(jsonl: str) -> dict[str, Any]:
     """The run's result: the last JSON line of an --output-file."""
     lines = [line for line in jsonl.splitlines() if line.strip()]
     if not lines:
@@ -132,13 +135,13 @@ def last_record(jsonl: str) -> dict:
     return record
 
 
-def _number(value) -> Optional[float]:
+def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
         return None
     return round(float(value), 3)
 
 
-def summarize(record: dict) -> dict[str, Any]:
+def summarize(record: dict[str, Any]) -> dict[str, Any]:
     """The figures a comparison needs, from one bench_serving result line: throughputs, and
     mean/median/p99 of TTFT, ITL, TPOT and end-to-end latency (ms)."""
     out: dict[str, Any] = {"concurrency": record.get("max_concurrency"), "completed": record.get("completed"),
@@ -147,14 +150,15 @@ def summarize(record: dict) -> dict[str, Any]:
         out[key] = _number(record.get(key))
     for metric in LATENCIES:
         out[f"{metric}_ms"] = {stat: _number(record.get(f"{stat}_{metric}_ms")) for stat in ("mean", "median", "p99")}
-    info = record.get("server_info") if isinstance(record.get("server_info"), dict) else {}
+    info = record.get("server_info")
+    info = info if isinstance(info, dict) else {}
     out["server_version"] = info.get("version")
     return out
 
 
-def progress_line(index: int, total: int, concurrency: int, summary: dict, seconds: float) -> str:
+def progress_line(index: int, total: int, concurrency: int, summary: dict[str, Any], seconds: float) -> str:
     ttft, itl = summary["ttft_ms"], summary["itl_ms"]
-    def f(x):
+    def f(x: Optional[float]) -> str:
         return "?" if x is None else f"{x:.1f}"
     return (f"  level {index}/{total}: concurrency {concurrency}: {summary['completed']} requests in {seconds:.0f} s, "
             f"output {f(summary['output_throughput'])} tok/s, TTFT p50 {f(ttft['median'])} ms (p99 {f(ttft['p99'])}), "
@@ -170,10 +174,10 @@ def run_name(when: datetime) -> str:
     return when.astimezone(timezone.utc).strftime(TIME_FORMAT)
 
 
-def meta(*, stack: str, strategy: str, layout: dict, host: str, model: dict, sglang_version: Optional[str],
+def meta(*, stack: str, strategy: str, layout: dict[str, Any], host: str, model: dict[str, Any], sglang_version: Optional[str],
          client_module: str, server_version: Optional[str], rehearsal: bool, started: datetime,
-         finished: datetime, settings: BenchmarkSettings, levels: list[dict],
-         fitness: Optional[dict] = None) -> dict[str, Any]:
+         finished: datetime, settings: BenchmarkSettings, levels: list[dict[str, Any]],
+         fitness: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """meta.json. `fitness`: the host's fitness facts read as the run started (core/fitness.py),
     the baseline later readings are compared with (core/fitness_baseline.py); None: unread."""
     return {
@@ -216,7 +220,7 @@ def parse_requirements(text: str) -> list[str]:
 # `components bench` and by the program (the `Benchmark` resource's props, `benchmark.onDeploy`).
 
 
-def host_spec(*, stack: str, settings, plan, entry: str, declared: dict) -> dict[str, Any]:
+def host_spec(*, stack: str, settings: StackSettings, plan: ServingPlan, entry: str, declared: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's view of one host of a stack (`settings`: that host's StackSettings,
     `plan`: its ServingPlan, `entry`: the fleet entry's name or "")."""
     target = settings.host.target
@@ -255,7 +259,7 @@ class DeployBenchmarkSpec:
         return f"hosts[{self.host_entry}]: " if self.host_entry else ""
 
 
-def settings_of(spec: dict) -> BenchmarkSettings:
+def settings_of(spec: dict[str, Any]) -> BenchmarkSettings:
     return BenchmarkSettings.model_validate(spec["benchmark"])
 
 
@@ -296,7 +300,7 @@ def with_flags(benchmark: BenchmarkSettings, *, concurrency: Optional[str] = Non
 OUTPUT_LATENCIES = tuple(f"{m}_ms" for m in LATENCIES)
 
 
-def deploy_summary(doc: dict, results: str) -> dict[str, Any]:
+def deploy_summary(doc: dict[str, Any], results: str) -> dict[str, Any]:
     """The stack output `benchmark` of a run (`doc`: its meta.json; `results`: its folder, as
     the operator finds it): per concurrency, output tok/s and TTFT/ITL/TPOT/e2e mean, median
     and p99, with the rehearsal flag and the SGLang version beside every figure."""
@@ -319,7 +323,7 @@ def failed_summary(reason: str, *, rehearsal: bool, results: Optional[str] = Non
             "note": "the server is deployed and ready; `python -m components bench` runs the benchmark again"}
 
 
-def readiness_refusal(status: Optional[str], mismatches) -> Optional[str]:
+def readiness_refusal(status: Optional[str], mismatches: Any) -> Optional[str]:
     """Why `pulumi up` must not benchmark after readiness (the readiness resource's outputs), or None."""
     if status != "ready":
         return f"readiness is {status!r}, not 'ready': no benchmark against a server that is not ready"

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 META_FILE = "meta.json"
 # What a comparison needs from each level; the rest of SGLang's fields are kept in `raw`.
@@ -42,7 +43,7 @@ class Level:
     median_itl_ms: float
     duration: float | None
     source: str  # the file it came from, for messages
-    raw: dict = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -64,24 +65,24 @@ class Run:
     server_version: str = ""
     # The benchmark settings `components bench` recorded (inputLen, outputLen, rangeRatio,
     # promptsPerConcurrency); {} for runs stored without them.
-    settings: dict = field(default_factory=dict, compare=False)
+    settings: dict[str, Any] = field(default_factory=dict, compare=False)
     # The host's fitness facts as the run started (meta.json `fitness`; core/fitness_baseline.py
     # compares them with the host's now); None for a run recorded before they were read.
-    fitness: dict | None = field(default=None, compare=False, repr=False)
+    fitness: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     @property
     def date(self) -> str:
         return self.time.strftime("%Y-%m-%d") if self.time else self.folder
 
 
-def _number(value, name: str, where: str) -> float:
+def _number(value: Any, name: str, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         raise BenchResultError(f"{where}: field {name!r} is {value!r}, not a number (is this a file written by "
                                f"`sglang.benchmark.serving --output-file`?)")
     return float(value)
 
 
-def parse_level(obj: dict, where: str) -> Level:
+def parse_level(obj: dict[str, Any], where: str) -> Level:
     """One JSON object of SGLang's output file. Raises BenchResultError naming the file and
     the missing or malformed field."""
     if not isinstance(obj, dict):
@@ -138,7 +139,7 @@ def _one_document(text: str, where: str) -> list[Level] | None:
     return None
 
 
-def _parse_time(value) -> datetime | None:
+def _parse_time(value: Any) -> datetime | None:
     if not isinstance(value, str):
         return None
     for text in (value, value.replace("Z", "+00:00")):
@@ -155,7 +156,7 @@ def _parse_time(value) -> datetime | None:
     return None
 
 
-def _server_info(levels: list[Level]) -> dict:
+def _server_info(levels: list[Level]) -> dict[str, Any]:
     """SGLang's client records the server's /server_info in every result: the version and the
     resolved layout the server itself reported, a check on what meta.json says."""
     for level in reversed(levels):
@@ -165,7 +166,7 @@ def _server_info(levels: list[Level]) -> dict:
     return {}
 
 
-def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run:
+def parse_run(stack: str, folder: str, meta: dict[str, Any], files: dict[str, str]) -> Run:
     """A run from its meta.json (already parsed) and its output files (name -> text). The
     newest line per concurrency wins; a later file wins over an earlier one (by name)."""
     notes: list[str] = []
@@ -221,7 +222,7 @@ def parse_run(stack: str, folder: str, meta: dict, files: dict[str, str]) -> Run
 
 def load_run(folder: Path, stack: str) -> Run:
     meta_path = folder / META_FILE
-    meta: dict = {}
+    meta: dict[str, Any] = {}
     notes = []
     if meta_path.is_file():
         try:

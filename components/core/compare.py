@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .bench_results import Level, Run, load_runs, stacks_with_results
 
@@ -173,7 +174,9 @@ def prompts_of(points: list[Point]) -> str:
 def build(runs_by_stack: dict[str, list[Run]], results_hint: str = "results/bench") -> Comparison:
     """The comparison of the stacks in `runs_by_stack` (order kept). A stack with no usable
     level is reported in `missing` with the command that fills it."""
-    series, missing, notes = [], [], []
+    series: list[Series] = []
+    missing: list[str] = []
+    notes: list[str] = []
     for stack, runs in runs_by_stack.items():
         points: dict[int, Point] = {}
         for run in runs:  # oldest first: a newer run's level replaces an older one's
@@ -246,7 +249,7 @@ COLUMNS = ("concurrency", "strategy", "output tok/s", "TTFT p50 ms", "TTFT p99 m
 
 def table_rows(comparison: Comparison) -> list[tuple[str, ...]]:
     """Strategy x concurrency, grouped by concurrency so the strategies at one load stand together."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for c in comparison.concurrencies:
         for s in comparison.series:
             if c not in s.points:
@@ -287,7 +290,7 @@ def render(comparison: Comparison) -> str:
     return "\n".join(lines) + "\n"
 
 
-def as_dict(comparison: Comparison) -> dict:
+def as_dict(comparison: Comparison) -> dict[str, Any]:
     return {
         "rehearsal": comparison.rehearsal,
         "workloads": comparison.workloads(),

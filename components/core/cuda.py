@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from .errors import SettingError, shown
 from .facts import parse_nvcc, parse_os_release, split_sections
@@ -63,8 +63,8 @@ class AptSource:
 
     uri: str
     suite: str
-    options: dict = field(default_factory=dict)
-    components: tuple = ()
+    options: dict[str, Any] = field(default_factory=dict)
+    components: tuple[Any, ...] = ()
 
     @property
     def keyring(self) -> Optional[str]:
@@ -97,7 +97,7 @@ def parse_apt_line(line: str) -> AptSource:
     return AptSource(uri=m.group(2), suite=m.group(3), options=options, components=tuple(m.group(4).split()))
 
 
-def nvidia_repository(os_release: dict, dpkg_arch: str) -> AptSource:
+def nvidia_repository(os_release: dict[str, Any], dpkg_arch: str) -> AptSource:
     """NVIDIA's repository for the host's distribution (debian12, ubuntu2404, ...)."""
     os_id, version_id = os_release.get("ID", ""), os_release.get("VERSION_ID", "")
     if os_id not in ("debian", "ubuntu") or not re.fullmatch(r"[0-9]+(\.[0-9]+)?", version_id):
@@ -126,7 +126,7 @@ def render_source_file(source: AptSource) -> str:
 
 def settings_problems(cuda: CudaSettings) -> list[SettingError]:
     """What must be right before anything touches a host (reported at preview)."""
-    errors = []
+    errors: list[SettingError] = []
     repo = cuda.apt_repository
     if cuda.install != "apt":
         return errors
@@ -163,8 +163,8 @@ class CudaObserved:
     nvcc_release: Optional[str] = None  # "13.0.88"
     package_installed: bool = False     # dpkg says the apt package is installed
     package_version: Optional[str] = None
-    nvcc_owners: tuple = ()             # packages that own <home>/bin/nvcc (dpkg -S)
-    os_release: dict = field(default_factory=dict)
+    nvcc_owners: tuple[Any, ...] = ()             # packages that own <home>/bin/nvcc (dpkg -S)
+    os_release: dict[str, Any] = field(default_factory=dict)
     dpkg_arch: str = ""
 
 
@@ -197,7 +197,7 @@ def parse_cuda_probe(text: str) -> CudaObserved:
 class CudaAction:
     action: str          # "none" | "install" | "reinstall" | "fail"
     reason: str
-    packages: tuple = ()  # what apt-get installs (reinstall: also the packages owning nvcc)
+    packages: tuple[Any, ...] = ()  # what apt-get installs (reinstall: also the packages owning nvcc)
 
 
 def cuda_action(*, version: str, home: str, install: str, package: str, observed: CudaObserved) -> CudaAction:

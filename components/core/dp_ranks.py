@@ -9,14 +9,14 @@ range is a 400), with a deadline. A rank that does not answer in time, or answer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .readiness import READY, UNHEALTHY
 
 PROBE_TIMEOUT = 20.0  # SGLang's own health-check timeout (SGLANG_HEALTH_CHECK_TIMEOUT)
 
 
-def probe_request(rank: int) -> dict:
+def probe_request(rank: int) -> dict[str, Any]:
     """The /generate body asking DP rank `rank` for one token."""
     return {"text": "ping", "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "routed_dp_rank": rank}
 
@@ -36,7 +36,7 @@ class RanksVerdict:
     dead: tuple[int, ...] = ()
 
 
-def judge(dp_size: int, probes: list[RankProbe], internal_states: Optional[list] = None,
+def judge(dp_size: int, probes: list[RankProbe], internal_states: Optional[list[Any]] = None,
           timeout: float = PROBE_TIMEOUT) -> RanksVerdict:
     if dp_size <= 1:
         return RanksVerdict(READY, "one DP rank: /health_generate already asks it")

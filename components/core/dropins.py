@@ -19,7 +19,7 @@ a drop-in adds or changes is named whichever drop-in it came from.
 from __future__ import annotations
 
 import shlex
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from .errors import secret_kind
 from .rules import credential_name
@@ -163,7 +163,7 @@ def environment_drift(unit_file_text: str, show_text: str, drop_in_paths: str, c
     declared = declared or {}
     own = set(own_drop_ins(unit, drop_in_paths))
 
-    def source(test) -> Optional[str]:
+    def source(test: Callable[[list[tuple[str, str]]], bool]) -> Optional[str]:
         """The last drop-in (in systemd's order) whose settings pass `test`; None: none of them."""
         found = None
         for path in drop_in_paths.split():
@@ -181,7 +181,7 @@ def environment_drift(unit_file_text: str, show_text: str, drop_in_paths: str, c
             continue
         if name not in own_env and name in declared:
             continue  # declared in the environment file, which systemd reads after Environment=
-        path = source(lambda s, n=name: n in _environment_of(s) or any(k == "Environment" and not v for k, v in s))
+        path = source(lambda s: name in _environment_of(s) or any(k == "Environment" and not v for k, v in s))
         if path in own:
             continue
         if value is None:
@@ -192,7 +192,7 @@ def environment_drift(unit_file_text: str, show_text: str, drop_in_paths: str, c
             out.append(f"{name}={_value(name, value, hidden)} set {where(path)} (the unit sets {_value(name, want, hidden)})")
     for path in files:
         if path not in own_files:
-            origin = source(lambda s, p=path: p in _files_of(s))
+            origin = source(lambda s: path in _files_of(s))
             if origin not in own:
                 out.append(f"EnvironmentFile {path} added {where(origin)}: its variables override the declared ones")
     for path in own_files:
@@ -200,7 +200,7 @@ def environment_drift(unit_file_text: str, show_text: str, drop_in_paths: str, c
             out.append(f"EnvironmentFile {path} (the unit's) no longer read: reset by a drop-in")
     for item in names:
         key, _, name = item.partition("=")
-        origin = source(lambda s, k=key: any(x == k for x, _ in s))
+        origin = source(lambda s: any(x == key for x, _ in s))
         if origin not in own:
             out.append(f"{key} {name} set {where(origin)}")
     return out
@@ -223,7 +223,8 @@ def read_changes(unit: str, drop_in_paths: str, sections: dict[str, str], *, dec
 STAYS = "a drop-in gpu-serving did not write stays (drift until it is removed): "
 
 
-def live_fields(props: dict, drop_in_paths: str, sections: dict[str, str], redact) -> dict[str, list[str]]:
+def live_fields(props: dict[str, Any], drop_in_paths: str, sections: dict[str, str],
+                redact: Callable[[str], str]) -> dict[str, list[str]]:
     """The service resource's read-only outputs from `read_changes` (a key only when it has lines):
     `foreignDropIns`, `effectiveEnvironment`. `props`: the service's (its unit, declared
     environment and secret variables); `redact`: takes the stack's secret values out of a line."""

@@ -27,7 +27,7 @@ ERRORS_SHOWN = 20
 MESSAGE_MAX = 8000
 
 # Credentials recognised by their form (prefixes the issuers document), first match wins.
-_SECRET_KINDS: list[tuple[re.Pattern, str]] = [
+_SECRET_KINDS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"), "PEM private key"),
     (re.compile(r"-----BEGIN [A-Z0-9 ]+-----"), "PEM block"),
     (re.compile(r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}", re.ASCII), "Hugging Face token"),
@@ -93,7 +93,8 @@ def _redacted(text: str, bound: int) -> str:
     if len(text) > 4 * bound:
         text = text[: 4 * bound]  # redaction of a huge text would be slow and is cut anyway
     for pattern, kind in _SECRET_KINDS:
-        text = pattern.sub(lambda m, kind=kind: f"[a {kind}, not shown]", text)
+        described = f"[a {kind}, not shown]"
+        text = pattern.sub(lambda m: described, text)  # a function: the text is not a template
     if any(w in text for w in _PRIVATE_KEY_WORDS):
         text = "[text holding a private key, not shown]"
     text = _RANDOM_RUN.sub(lambda m: "[a token-like value, not shown]" if _looks_random(m.group()) else m.group(), text)
@@ -107,7 +108,7 @@ class SettingError:
     rule: str
     fix: str = ""
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # The last line of defence: whatever a check wrote, what is printed is bounded, on one
         # line, and quotes no credential.
         object.__setattr__(self, "setting", _redacted(self.setting, SETTING_MAX))

@@ -10,7 +10,7 @@ import csv
 import io
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .fitness import IOMMU_SCRIPT, NCCL_SCRIPT, XML_FILTER, HostFitness, parse_fitness
 
@@ -197,14 +197,14 @@ class HostFacts:
     fitness: Optional[HostFitness] = None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "HostFacts":
+    def from_dict(cls, d: dict[str, Any]) -> "HostFacts":
         """Back from `as_dict` (Pulumi state drops null values, so every field has a default)."""
         return cls(gpus=[Gpu(**g) for g in d.get("gpus") or []], driver_version=d.get("driver_version", ""),
                    cuda_driver_version=d.get("cuda_driver_version", ""), interconnect=d.get("interconnect", "unknown"),
                    toolkit_version=d.get("toolkit_version"), os=d.get("os", ""), kernel=d.get("kernel", ""),
                    problems=list(d.get("problems") or []), fitness=HostFitness.from_dict(d.get("fitness")))
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["gpu_count"] = len(self.gpus)
         d["gpu_memory_mib"] = min((g.memory_mib for g in self.gpus), default=0)

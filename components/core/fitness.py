@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Optional
+from typing import Any, Optional
 
 # The children of <gpu> kept by XML_FILTER; the parser reads nothing else.
 XML_SECTIONS = ("product_name", "uuid", "persistence_mode", "pci", "performance_state", "clocks_event_reasons",
@@ -96,7 +96,7 @@ class GpuFitness:
     pcie_width_max: Optional[int] = None
 
     @classmethod
-    def from_dict(cls, d: dict) -> "GpuFitness":
+    def from_dict(cls, d: dict[str, Any]) -> "GpuFitness":
         """Back from `asdict` (Pulumi state drops nulls: every field has a default)."""
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in (d or {}).items() if k in names}
@@ -122,7 +122,7 @@ class HostFitness:
     problems: tuple[str, ...] = ()  # what could not be read, and why
 
     @classmethod
-    def from_dict(cls, d: Optional[dict]) -> Optional["HostFitness"]:
+    def from_dict(cls, d: Optional[dict[str, Any]]) -> Optional["HostFitness"]:
         if not d:
             return None
         names = {f.name for f in fields(cls)}
@@ -132,7 +132,7 @@ class HostFitness:
         values["problems"] = tuple(values.get("problems") or ())
         return cls(**values)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -244,7 +244,7 @@ def with_venv_nccl(f: HostFitness, packages: dict[str, str]) -> HostFitness:
     return f
 
 
-def parse_iommu(text: str) -> dict:
+def parse_iommu(text: str) -> dict[str, Any]:
     """IOMMU and ACS from IOMMU_SCRIPT's answer."""
     groups, cmdline, acs, lspci_uid = None, "", [], None
     for line in text.splitlines():

@@ -41,7 +41,7 @@ class Change:
         return f"{self.where}: {self.what} {self.before} -> {self.after}"
 
 
-Fitness = Union[HostFitness, dict, None]
+Fitness = Union[HostFitness, dict[str, Any], None]
 
 
 def _fitness(f: Fitness) -> Optional[HostFitness]:
@@ -64,7 +64,7 @@ def _gpu_changes(then: GpuFitness, now: GpuFitness) -> list[Change]:
     where, i = now.label, now.index
     out: list[Change] = []
 
-    def add(what, before, after, remedy=""):
+    def add(what: str, before: object, after: object, remedy: str = "") -> None:
         out.append(Change(where, what, str(before), str(after), remedy))
 
     if then.name and now.name and then.name != now.name:

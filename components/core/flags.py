@@ -59,7 +59,7 @@ class Flag:
     aliases: tuple[str, ...] = ()
     omit: Any = None
     text: Callable[[Any], str] = str
-    declare: Optional[tuple] = None
+    declare: Optional[tuple[Any, ...]] = None
     derive: Optional[Callable[[Any], Any]] = None
     # A SWITCH written only when its setting is true and this holds of the whole stack's settings.
     when: Optional[Callable[[Any], bool]] = None
@@ -153,7 +153,7 @@ FLAGS: tuple[Flag, ...] = (
 def owned() -> dict[str, str]:
     """Every spelling of a flag gpu-serving writes or refuses -> the setting to use instead, or,
     in parentheses, why it cannot be given (strategy.check_extra_args)."""
-    return {spelling: (row.setting if row.form != REFUSED else f"({row.about})")
+    return {spelling: (row.setting or "" if row.form != REFUSED else f"({row.about})")
             for row in FLAGS for spelling in row.spellings}
 
 
@@ -177,7 +177,7 @@ def words(settings: Any, namespace: str) -> list[tuple[str, str]]:
         where = f"{namespace}:{row.setting}"
         if row.form == DERIVED:
             place = getattr(settings, row.place, None)
-            value = row.derive(place) if place is not None else None
+            value = row.derive(place) if place is not None and row.derive is not None else None
             if value is not None:
                 out += [(where, row.flag), (where, str(value))]
             continue

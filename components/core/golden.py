@@ -54,35 +54,35 @@ class Rule:
 
 
 # ------------------------------------------------------------------------------ requests
-def greedy_request(text: str, tokens: int = CONTINUATION_TOKENS) -> dict:
+def greedy_request(text: str, tokens: int = CONTINUATION_TOKENS) -> dict[str, Any]:
     """The /generate body recording (or re-running) a prompt's greedy continuation; with
     logprob_start_len 0 SGLang returns the prompt's token ids in input_token_logprobs."""
     return {"text": text, "sampling_params": {"max_new_tokens": tokens, "temperature": 0.0},
             "return_logprob": True, "logprob_start_len": 0}
 
 
-def forced_request(prompt_ids: list[int], continuation_ids: list[int]) -> dict:
+def forced_request(prompt_ids: list[int], continuation_ids: list[int]) -> dict[str, Any]:
     """The /generate body scoring the reference continuation by teacher forcing."""
     return {"input_ids": list(prompt_ids) + list(continuation_ids),
             "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
             "return_logprob": True, "logprob_start_len": len(prompt_ids) - 1}
 
 
-def _meta(response: dict, key: str) -> list:
+def _meta(response: dict[str, Any], key: str) -> list[Any]:
     entries = ((response or {}).get("meta_info") or {}).get(key)
     if not isinstance(entries, list):
         raise GoldenError(f"the answer has no meta_info.{key} (was return_logprob sent?)")
     return entries
 
 
-def greedy_from_response(response: dict) -> tuple[list[int], list[int], list[float]]:
+def greedy_from_response(response: dict[str, Any]) -> tuple[list[int], list[int], list[float]]:
     """(prompt ids, greedy ids, their logprobs) from a greedy_request's answer."""
     prompt = [int(e[1]) for e in _meta(response, "input_token_logprobs")]
     output = _meta(response, "output_token_logprobs")
     return prompt, [int(e[1]) for e in output], [float(e[0]) for e in output]
 
 
-def forced_from_response(response: dict, continuation_ids: list[int]) -> list[float]:
+def forced_from_response(response: dict[str, Any], continuation_ids: list[int]) -> list[float]:
     """The logprobs the server gives the reference continuation (input_token_logprobs after the
     prompt's last token, whose own entry is None)."""
     entries = _meta(response, "input_token_logprobs")[1:]
@@ -93,8 +93,8 @@ def forced_from_response(response: dict, continuation_ids: list[int]) -> list[fl
 
 
 # ------------------------------------------------------------------------------ the reference
-def record(prompts: list[str], responses: list[dict], *, model: str, revision: Optional[str],
-           manifest: Optional[str], layout: dict, rule: Rule = Rule()) -> dict:
+def record(prompts: list[str], responses: list[dict[str, Any]], *, model: str, revision: Optional[str],
+           manifest: Optional[str], layout: dict[str, Any], rule: Rule = Rule()) -> dict[str, Any]:
     """The reference to keep in the state, from the greedy answers of a ready server."""
     if len(prompts) != len(responses):
         raise GoldenError(f"{len(prompts)} prompts but {len(responses)} answers")
@@ -107,7 +107,7 @@ def record(prompts: list[str], responses: list[dict], *, model: str, revision: O
                      "tie_margin": rule.tie_margin}, "prompts": entries}
 
 
-def applies(reference: Optional[dict], *, model: str, revision: Optional[str], manifest: Optional[str]) -> str:
+def applies(reference: Optional[dict[str, Any]], *, model: str, revision: Optional[str], manifest: Optional[str]) -> str:
     """Why the reference cannot judge this start ("" when it can)."""
     if not reference:
         return "no reference recorded for this stack: record one from a ready deploy"
@@ -146,7 +146,7 @@ class GoldenVerdict:
                              "tie": p.tie, "problems": list(p.problems)} for p in self.prompts]}
 
 
-def judge_prompt(ref: dict, forced: list[float], greedy_ids: list[int], greedy_lps: list[float], rule: Rule) -> PromptResult:
+def judge_prompt(ref: dict[str, Any], forced: list[float], greedy_ids: list[int], greedy_lps: list[float], rule: Rule) -> PromptResult:
     cont, ref_lps = ref["continuation_ids"], ref["continuation_logprobs"]
     if len(forced) != len(cont) or not cont:
         raise GoldenError(f"{len(forced)} forced logprobs for {len(cont)} reference tokens")
@@ -169,7 +169,7 @@ def judge_prompt(ref: dict, forced: list[float], greedy_ids: list[int], greedy_l
     return PromptResult(ref["text"], mean, worst, deltas[worst], prefix, tie, tuple(problems))
 
 
-def judge(reference: dict, observed: list[dict], rule: Optional[Rule] = None) -> GoldenVerdict:
+def judge(reference: dict[str, Any], observed: list[dict[str, Any]], rule: Optional[Rule] = None) -> GoldenVerdict:
     """`observed`: per reference prompt, {"forced": logprobs of the reference continuation,
     "greedy_ids": ..., "greedy_logprobs": ...} from this start's answers."""
     rule = rule or Rule(**(reference.get("rule") or {}))

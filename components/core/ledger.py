@@ -17,7 +17,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from .failure_lines import classify
 from .readiness import flag_groups
@@ -70,7 +70,7 @@ class Failure:
     model_path: str
     layout: str
     flags_hash: str
-    flags: dict = field(default_factory=dict)
+    flags: dict[str, Any] = field(default_factory=dict)
     flags_changed: tuple[str, ...] = ()
     gpu_model: str = ""
     driver_version: str = ""
@@ -82,14 +82,14 @@ class Failure:
     id: str = ""
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Failure":
+    def from_dict(cls, d: dict[str, Any]) -> "Failure":
         names = {f.name for f in fields(cls)}
         values = {k: v for k, v in d.items() if k in names}
         values["flags_changed"] = tuple(values.get("flags_changed") or ())
         values["id"] = str(values.get("id") or "")
         return cls(**values)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
@@ -98,7 +98,7 @@ class Failure:
 
 
 def signature(*, stack: str, host: str, outcome: str, argv: list[str], journal: str, model: str,
-              last_good_argv: Optional[list[str]] = None, facts: Optional[dict] = None, sglang_version: str = "",
+              last_good_argv: Optional[list[str]] = None, facts: Optional[dict[str, Any]] = None, sglang_version: str = "",
               manifest: str = "", when: Optional[datetime] = None) -> Failure:
     """A failed start's signature. `facts`: the host's facts (HostFacts.as_dict), for the GPU
     model and the driver; `journal`: the unit's journal tail, already free of secrets."""

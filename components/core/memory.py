@@ -12,6 +12,7 @@ layers (embeddings and dense layers ignored), activations and CUDA graphs live i
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from .config import NAMESPACE, StackSettings
 from .errors import SettingError
@@ -53,9 +54,9 @@ class MemoryPlan:
     warnings: list[str] = field(default_factory=list)
     # A multi-node layout: per node (rank order) its host, the stages and TP ranks it runs and
     # the per-GPU figures there (every GPU of a node holds the same share). Empty for one node.
-    nodes: list[dict] = field(default_factory=list)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -151,7 +152,7 @@ def plan_memory(settings: StackSettings) -> tuple[MemoryPlan, list[SettingError]
     return plan, errors
 
 
-def node_figures(settings: StackSettings, stages: list[StagePlan]) -> list[dict]:
+def node_figures(settings: StackSettings, stages: list[StagePlan]) -> list[dict[str, Any]]:
     """Per node of a multi-node layout: which stages and TP ranks it runs (SGLang's split,
     `Layout.node_share`) and the per-GPU weights and KV pool on it."""
     place = settings.node

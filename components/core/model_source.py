@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 from .errors import SettingError, shown
 from .rules import NAMESPACE, rx
@@ -153,11 +153,12 @@ def endpoint(value: str) -> str:
     return value
 
 
-def check(model, hosts: tuple, system_dirs, exists: Callable[[str], bool] = os.path.isdir,
+def check(model: Any, hosts: tuple[Any, ...], system_dirs: Collection[str], exists: Callable[[str], bool] = os.path.isdir,
           is_file: Callable[[str], bool] = os.path.isfile) -> list[SettingError]:
     """model.source against the rest of the stack, before any SSH: the hosts entry it names, the
     controller's directory, model.hubEndpoint only with hub:, and a directory of its own to write.
-    `model`: the parsed ModelSettings (None when it was refused); `hosts`: gpu-serving:hosts."""
+    `model`: the parsed ModelSettings (None when it was refused); `hosts`: gpu-serving:hosts (their
+    models are defined above this module, which they import)."""
     if model is None:
         return []
     where = f"{NAMESPACE}:model.source"
@@ -174,7 +175,7 @@ def check(model, hosts: tuple, system_dirs, exists: Callable[[str], bool] = os.p
                    if names else "list the machine that holds the checkpoint under gpu-serving:hosts (with the "
                    "serving hosts), or copy from this machine: local:<path>")
             errors.append(SettingError(where, f"the source host {source.entry!r} is not a gpu-serving:hosts entry", fix))
-    elif source.kind == "local":
+    elif source.kind == "local" and source.path is not None:  # a local: source has its path
         if not exists(source.path):
             errors.append(SettingError(where, f"{source.path} does not exist on this machine (the one that runs pulumi, "
                                        "where local: copies from)", "give the checkpoint directory's path here, or use "

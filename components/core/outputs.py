@@ -32,7 +32,7 @@ def _number(value: Any) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def gpus_line(gpus: list[dict]) -> str:
+def gpus_line(gpus: list[dict[str, Any]]) -> str:
     """`0 00000000:16:00.0 GPU-c2a7...; 1 ...`: each GPU's index, bus id and UUID, and its name,
     memory or driver where they differ from the first GPU's (the summary fields hold those)."""
     if not gpus:
@@ -62,7 +62,7 @@ def one_line(value: Any) -> str:
     return _number(value)
 
 
-def host_output(facts: Optional[dict]) -> Optional[dict]:
+def host_output(facts: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The stack output `host` from the host facts (HostFacts.as_dict): the summary fields as they
     are, the per-GPU details (`gpus`) and any other nested object as one line of text each, the
     fitness facts left out (see the module's docstring)."""
@@ -81,11 +81,11 @@ def host_output(facts: Optional[dict]) -> Optional[dict]:
     return out
 
 
-def stage_lines(stages: list[dict]) -> list[str]:
+def stage_lines(stages: list[dict[str, Any]]) -> list[str]:
     """One line for each run of pipeline stages with the same figures (61 layers over PP8: stages
     0-2 hold 7 layers, 3-7 hold 8): `stages 0-2: 7 layers a GPU, weights 67.7 GB, KV pool 16.78 GB
     (2,233,644 tokens)`."""
-    def figures(st: dict) -> str:
+    def figures(st: dict[str, Any]) -> str:
         return (f"{_number(st.get('layers'))} layers, weights {st.get('weights_gb')} GB, KV pool {st.get('kv_pool_gb')} GB "
                 f"({int(st.get('max_total_tokens') or 0):,} tokens)")
     runs: list[tuple[str, str, str]] = []  # first stage, last stage, figures
@@ -98,7 +98,7 @@ def stage_lines(stages: list[dict]) -> list[str]:
     return [f"stage {a}: {t}" if a == b else f"stages {a}-{b}: {t}" for a, b, t in runs]
 
 
-def memory_output(memory: dict) -> dict:
+def memory_output(memory: dict[str, Any]) -> dict[str, Any]:
     """The stack output `memory` from the plan's (MemoryPlan.as_dict)."""
     out: dict[str, Any] = {k: memory[k] for k in MEMORY_FIGURES if k in memory}
     stages = memory.get("stages") or []
@@ -109,7 +109,7 @@ def memory_output(memory: dict) -> dict:
     return out
 
 
-def layout_line(layout: dict) -> str:
+def layout_line(layout: dict[str, Any]) -> str:
     """`tp 8 x pp 1 (ep 8, dp 1; attention tp 8, MoE tp 1, all-to-all none)`."""
     text = (f"tp {layout.get('tp_size')} x pp {layout.get('pp_size')} (ep {layout.get('ep_size')}, "
             f"dp {layout.get('dp_size')}")
@@ -119,7 +119,7 @@ def layout_line(layout: dict) -> str:
                    f"all-to-all {layout.get('moe_a2a_backend')})")
 
 
-def strategy_output(name: str, world_size: int, layout: dict, nodes: Optional[list] = None) -> dict:
+def strategy_output(name: str, world_size: int, layout: dict[str, Any], nodes: Optional[list[Any]] = None) -> dict[str, Any]:
     """The stack output `strategy`."""
     out: dict[str, Any] = {"name": name, "world_size": world_size, "layout": layout_line(layout)}
     if nodes:

@@ -22,23 +22,43 @@ model's heads are split over the ranks: one copy in all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
 
 from . import router as R
 from .errors import ConfigError, SettingError
-from .pd_settings import WHERE
+from .pd_settings import WHERE, Disaggregation
 from .rules import NAMESPACE
-from .strategy import layout_of
+from .strategy import Layout, layout_of
+
+if TYPE_CHECKING:
+    from .config import StackSettings
+    from .memory import MemoryPlan
+    from .unit import RenderedUnit
 
 # What a Gbit/s is in bytes a second.
 GBIT = 1e9 / 8
+
+
+class ServerPlan(Protocol):
+    """What the pair's plan reads of a server's plan.ServingPlan (plan.py imports this module)."""
+
+    @property
+    def settings(self) -> StackSettings: ...
+    @property
+    def layout(self) -> Layout: ...
+    @property
+    def memory(self) -> MemoryPlan: ...
+    @property
+    def unit(self) -> RenderedUnit: ...
+    @property
+    def world_size(self) -> int: ...
 
 
 @dataclass(frozen=True)
 class Server:
     role: str
     host: str          # the gpu-serving:hosts entry
-    plan: object       # its plan.ServingPlan
+    plan: ServerPlan   # its plan.ServingPlan
     url: str           # where the router reaches it
 
 
@@ -62,7 +82,7 @@ class KvPath:
     def seconds(self, tokens: int) -> float:
         return tokens / self.tokens_per_second
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"bytes_per_token": self.bytes_per_token, "copies": self.copies,
                 "wire_bytes_per_token": self.wire_bytes_per_token, "network": self.network, "link_gbps": self.link_gbps,
                 "transfer_backend": self.backend, "tokens_per_second": round(self.tokens_per_second)}
@@ -82,7 +102,7 @@ class PdPlan:
     warnings: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"servers": [{"role": s.role, "host": s.host, "url": s.url, "unit_name": s.plan.unit.name,
                              "layout": s.plan.layout.describe(), "world_size": s.plan.world_size,
                              "max_total_tokens": s.plan.memory.max_total_tokens} for s in self.servers],
@@ -93,16 +113,23 @@ class PdPlan:
                 "warnings": self.warnings, "summary": self.lines}
 
 
-def server_url(settings, addresses: Optional[dict] = None) -> str:
+def server_url(settings: StackSettings, addresses: Optional[dict[str, str]] = None) -> str:
     """How the router reaches a server: its address, a running rehearsal host's, or a stand-in."""
     h = settings.host
     address = h.address or (addresses or {}).get(h.rehearsal) or f"rehearsal-{h.rehearsal}"
     return R.worker_url(address, settings.serving.port)
 
 
-def kv_path(settings) -> KvPath:
+def _disaggregation_of(settings: StackSettings) -> Disaggregation:
+    """The checked gpu-serving:disaggregation of a PD stack (only such a stack has a pair's plan)."""
+    if settings.disaggregation is None:
+        raise ValueError(f"stack {settings.stack} declares no gpu-serving:disaggregation")
+    return settings.disaggregation
+
+
+def kv_path(settings: StackSettings) -> KvPath:
     """The KV path of a PD stack (`settings`: the stack's StackSettings)."""
-    d = settings.disaggregation
+    d = _disaggregation_of(settings)
     m = settings.model
     if m.is_mla:
         per_token = (m.kv_lora_rank + m.qk_rope_head_dim) * m.num_layers * m.kv_dtype_bytes
@@ -115,10 +142,10 @@ def kv_path(settings) -> KvPath:
     return KvPath(int(round(per_token)), max(copies, 1), s.network, s.link_gbps, s.transfer_backend)
 
 
-def build(settings, plans: list, addresses: Optional[dict] = None) -> PdPlan:
+def build(settings: StackSettings, plans: Sequence[tuple[str, ServerPlan]], addresses: Optional[dict[str, str]] = None) -> PdPlan:
     """The pair's plan from its servers' plans (`plans`: build_plans' (host, ServingPlan), in
     `per_host` order); raises ConfigError for what the pair cannot do."""
-    d = settings.disaggregation
+    d = _disaggregation_of(settings)
     roles = dict((name, role) for role, name in d.roles())
     servers = [Server(roles[name], name, plan, server_url(plan.settings, addresses)) for name, plan in plans]
     errors: list[SettingError] = []
@@ -159,7 +186,7 @@ def build(settings, plans: list, addresses: Optional[dict] = None) -> PdPlan:
                   decode_tokens // max(workload, 1), running, argv, unit, warnings, lines)
 
 
-def tcp_warning(settings, kv: KvPath, workload_input: int) -> str:
+def tcp_warning(settings: StackSettings, kv: KvPath, workload_input: int) -> str:
     context = settings.serving.context_length
     why = ("one a decode attention rank; DP attention on decode sends one, where its memory allows" if kv.copies > 1 else
            "DP attention on decode: one copy")

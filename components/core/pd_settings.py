@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
@@ -33,16 +33,22 @@ from pydantic.alias_generators import to_camel
 from .errors import SettingError, shown
 from .rules import NAMESPACE, rx
 
+if TYPE_CHECKING:
+    from .config_hosts import HostEntry
+    from .config_serving import ModelSettings, RouterSettings, ServingSettings, StrategySettings
+
 KEY = "disaggregation"
 WHERE = f"{NAMESPACE}:{KEY}"
 ROLES = ("prefill", "decode")
 # SGLang's choices for --disaggregation-transfer-backend that run on NVIDIA GPUs between hosts
 # (server_args.py also lists ascend, mori and fake: other hardware, or a test double).
-TRANSFER_BACKENDS = ("mooncake", "nixl")
+TransferBackend = Literal["mooncake", "nixl"]
+TRANSFER_BACKENDS: tuple[str, ...] = get_args(TransferBackend)
 # ServerArgs.disaggregation_bootstrap_port.
 DEFAULT_BOOTSTRAP_PORT = 8998
 # The network the KV cache crosses: RDMA (InfiniBand, RoCE) or plain TCP (the plan warns then).
-NETWORKS = ("tcp", "infiniband", "roce")
+Network = Literal["tcp", "infiniband", "roce"]
+NETWORKS: tuple[str, ...] = get_args(Network)
 # An RDMA device as `ibv_devices` lists it (mlx5_0, mlx5_bond_0, ...).
 IB_DEVICE = rx(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}")
 # The layout keys of gpu-serving:strategy a role may set for itself.
@@ -74,13 +80,13 @@ class RoleSettings(_Settings):
 
     @field_validator("hosts")
     @classmethod
-    def _names(cls, value):
+    def _names(cls, value: list[str]) -> list[str]:
         for name in value:
             if not isinstance(name, str) or not 1 <= len(name) <= 64:
                 raise ValueError(f"{shown(str(name))} is not a gpu-serving:hosts entry's name")
         return value
 
-    def layout(self) -> dict:
+    def layout(self) -> dict[str, Any]:
         """The layout keys this role sets, as written."""
         return {k: v for k, v in self.model_dump(by_alias=True, exclude_unset=True).items() if k in LAYOUT_KEYS}
 
@@ -88,7 +94,7 @@ class RoleSettings(_Settings):
 class DisaggregationSettings(_Settings):
     prefill: RoleSettings
     decode: RoleSettings
-    transfer_backend: Literal[TRANSFER_BACKENDS] = "mooncake"
+    transfer_backend: TransferBackend = "mooncake"
     # The prefill server's bootstrap server (the decode server's handshake); the router passes it on.
     bootstrap_port: int = Field(DEFAULT_BOOTSTRAP_PORT, ge=1024, le=65535)
     # RDMA devices for the transfer (SGLang: one device or a comma-separated list); unset: the
@@ -96,12 +102,12 @@ class DisaggregationSettings(_Settings):
     ib_devices: Optional[list[str]] = Field(None, min_length=1, max_length=64)
     # What the KV cache crosses between a prefill and a decode host, and its speed: the plan says
     # what the link carries a second (over plain TCP it warns).
-    network: Literal[NETWORKS] = "tcp"
+    network: Network = "tcp"
     link_gbps: float = Field(25, gt=0, le=3200)
 
     @field_validator("bootstrap_port", "link_gbps", mode="before")
     @classmethod
-    def _no_bool(cls, value):
+    def _no_bool(cls, value: Any) -> Any:
         # pydantic's lax mode reads true as 1.
         if isinstance(value, bool):
             raise ValueError(f"must be a number, not {str(value).lower()}")
@@ -109,7 +115,7 @@ class DisaggregationSettings(_Settings):
 
     @field_validator("ib_devices")
     @classmethod
-    def _devices(cls, value):
+    def _devices(cls, value: Optional[list[str]]) -> Optional[list[str]]:
         if value is not None:
             for device in value:
                 _ib_device(device)
@@ -140,8 +146,8 @@ class Disaggregation:
     its hosts in the order written."""
 
     settings: DisaggregationSettings
-    layouts: dict
-    hosts: dict
+    layouts: dict[str, StrategySettings]
+    hosts: dict[str, list[str]]
 
     def roles(self) -> list[tuple[str, str]]:
         """(role, host name) for every server, prefill first."""
@@ -160,9 +166,10 @@ class Disaggregation:
                          decode_tp=decode.tp_size if decode.tp_size != prefill.tp_size else None,
                          decode_dp=decode.dp_size if decode.dp_size != prefill.dp_size else None)
 
-    def per_server(self, settings) -> list:
+    def per_server(self, settings: Any) -> list[tuple[str, Any]]:
         """(host name, that server's settings) for StackSettings.per_host: the host, its role's
-        layout as the strategy, its RolePlace."""
+        layout as the strategy, its RolePlace. `settings`: a StackSettings (config.py, above this
+        module)."""
         by_name = {h.name: h for h in settings.hosts}
         return [(name, settings.model_copy(update={"host": by_name[name], "hosts": (), "strategy": self.layouts[role],
                                                    "role": self.place(role)})) for role, name in self.roles()]
@@ -173,12 +180,13 @@ class Disaggregation:
         return f"{WHERE}.{role}.{key}" if key in written else f"{NAMESPACE}:strategy.{key}"
 
 
-def world_size(layout) -> int:
+def world_size(layout: StrategySettings) -> int:
     return (1 if layout.enable_dp_attention else layout.dp_size) * layout.tp_size * layout.pp_size
 
 
-def parse(raw: Any, *, hosts: tuple, strategy, strategy_model, router, serving, model,
-          errors: list[SettingError]) -> Optional[Disaggregation]:
+def parse(raw: Any, *, hosts: tuple[HostEntry, ...], strategy: Optional[StrategySettings],
+          strategy_model: type[StrategySettings], router: Optional[RouterSettings], serving: Optional[ServingSettings],
+          model: Optional[ModelSettings], errors: list[SettingError]) -> Optional[Disaggregation]:
     """gpu-serving:disaggregation checked against the fleet, the router and the ports; None (and
     the problems in `errors`) when it cannot be used. `strategy_model`: config.StrategySettings."""
     if raw is None:
@@ -218,18 +226,20 @@ def parse(raw: Any, *, hosts: tuple, strategy, strategy_model, router, serving, 
                                    "remove strategy.nodes/nnodes, or remove gpu-serving:disaggregation"))
     layouts = {role: _layout(role, getattr(settings, role), strategy, strategy_model, errors) for role in ROLES}
     named = _role_hosts(settings, hosts, layouts, model, serving, errors)
-    if all(layouts.values()):
-        _check_sides(settings, layouts, errors)
+    checked = {role: layout for role, layout in layouts.items() if layout is not None}
+    if len(checked) == len(layouts):
+        _check_sides(settings, checked, errors)
     _check_ports(settings, hosts, named, router, serving, errors)
     if settings.ib_devices and settings.network == "tcp":
         errors.append(SettingError(f"{WHERE}.ibDevices", "names RDMA devices, but network is tcp (the KV cache would "
                                    "cross plain TCP)", "set network: infiniband (or roce), or remove ibDevices"))
-    if len(errors) > before or not all(layouts.values()):
+    if len(errors) > before or len(checked) < len(layouts):
         return None
-    return Disaggregation(settings, layouts, named)
+    return Disaggregation(settings, checked, named)
 
 
-def _layout(role: str, rs: RoleSettings, strategy, strategy_model, errors: list[SettingError]):
+def _layout(role: str, rs: RoleSettings, strategy: Optional[StrategySettings], strategy_model: type[StrategySettings],
+            errors: list[SettingError]) -> Optional[StrategySettings]:
     """gpu-serving:strategy's layout with the role's keys on top, checked as a strategy."""
     base = strategy.model_dump(by_alias=True, exclude_unset=True) if strategy is not None else {}
     own = rs.layout()
@@ -243,8 +253,9 @@ def _layout(role: str, rs: RoleSettings, strategy, strategy_model, errors: list[
         return None
 
 
-def _role_hosts(settings: DisaggregationSettings, hosts: tuple, layouts: dict, model, serving,
-                errors: list[SettingError]) -> dict:
+def _role_hosts(settings: DisaggregationSettings, hosts: tuple[HostEntry, ...], layouts: dict[str, Optional[StrategySettings]],
+                model: Optional[ModelSettings], serving: Optional[ServingSettings],
+                errors: list[SettingError]) -> dict[str, list[str]]:
     """Each role's hosts: gpu-serving:hosts entries, whole hosts (never both roles on one), and
     every entry in a role."""
     by_name = {h.name: h for h in hosts}
@@ -273,9 +284,10 @@ def _role_hosts(settings: DisaggregationSettings, hosts: tuple, layouts: dict, m
     return {role: [n for n in named[role] if not (role == "decode" and n in named["prefill"])] for role in ROLES}
 
 
-def _both_roles(host, layouts: dict, model, serving) -> str:
+def _both_roles(host: HostEntry, layouts: dict[str, Optional[StrategySettings]], model: Optional[ModelSettings],
+                serving: Optional[ServingSettings]) -> str:
     """Why one host cannot hold both roles, with the numbers."""
-    sizes = ", ".join(f"{role} {world_size(layouts[role])}" for role in ROLES if layouts.get(role) is not None)
+    sizes = ", ".join(f"{role} {world_size(layout)}" for role in ROLES if (layout := layouts.get(role)) is not None)
     text = (f"{host.name} is named by both roles: each role runs on whole hosts, one server holding the GPUs it "
             f"uses (GPUs needed: {sizes}; {host.name} has {host.gpu_count})")
     fraction = getattr(serving, "mem_fraction_static", None)
@@ -286,7 +298,7 @@ def _both_roles(host, layouts: dict, model, serving) -> str:
     return text
 
 
-def _check_sides(settings: DisaggregationSettings, layouts: dict, errors: list[SettingError]) -> None:
+def _check_sides(settings: DisaggregationSettings, layouts: dict[str, StrategySettings], errors: list[SettingError]) -> None:
     """What SGLang asserts between the two sides (server_args.validate_disagg_tp_size; the decode
     side's rank mapping in disaggregation/common/conn.py)."""
     p, d = layouts["prefill"], layouts["decode"]
@@ -304,8 +316,8 @@ def _check_sides(settings: DisaggregationSettings, layouts: dict, errors: list[S
             "decode ppSize 1"))
 
 
-def _check_ports(settings: DisaggregationSettings, hosts: tuple, named: dict, router, serving,
-                 errors: list[SettingError]) -> None:
+def _check_ports(settings: DisaggregationSettings, hosts: tuple[HostEntry, ...], named: dict[str, list[str]],
+                 router: Optional[RouterSettings], serving: Optional[ServingSettings], errors: list[SettingError]) -> None:
     """The bootstrap port is one more port the prefill server listens on: not its serving port,
     not its machine's SSH port, not the router's ports on the same machine."""
     port = settings.bootstrap_port

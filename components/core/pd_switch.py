@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import router as R
 from .pd_plan import server_url
 from .switch_cost import Forecast, duration
+
+if TYPE_CHECKING:
+    from .plan import CheckedStack, ServingPlan
 
 
 @dataclass(frozen=True)
@@ -26,12 +29,12 @@ class Side:
     """One stack as the switch sees it: per host, its unit and what it serves as."""
 
     stack: str
-    units: dict          # host -> plan.ServingPlan
-    roles: dict          # host -> "prefill" | "decode" | None
+    units: dict[str, ServingPlan]  # host -> its plan
+    roles: dict[str, Optional[str]]  # host -> "prefill" | "decode" | None
     router_unit: Optional[str]
-    describe: dict       # host -> "tp8x2 (tp 8, ...)" or "pd1p1d prefill (tp 8, ...)"
+    describe: dict[str, str]       # host -> "tp8x2 (tp 8, ...)" or "pd1p1d prefill (tp 8, ...)"
 
-    def serves(self, gone: set) -> bool:
+    def serves(self, gone: set[str]) -> bool:
         """Whether this stack still serves once the hosts in `gone` left it."""
         left = [h for h in self.units if h not in gone]
         if any(self.roles.values()):
@@ -40,12 +43,12 @@ class Side:
             return not gone  # without a router a fleet switches all at once
         return bool(left)
 
-    def ready(self, done: set) -> bool:
+    def ready(self, done: set[str]) -> bool:
         """Whether this (new) stack can serve with only the hosts in `done` switched to it."""
         return self.serves({h for h in self.units if h not in done})
 
 
-def side(checked, addresses: Optional[dict] = None) -> Side:
+def side(checked: CheckedStack, addresses: Optional[dict[str, str]] = None) -> Side:
     """A checked stack (plan.CheckedStack) as a Side."""
     s = checked.settings
     units = {name or s.host.target: plan for name, plan in checked.plans}
@@ -56,7 +59,7 @@ def side(checked, addresses: Optional[dict] = None) -> Side:
         router_unit = R.render_unit(s, [server_url(p.settings, addresses) for _, p in checked.plans])
     else:
         router_unit = None
-    describe = {h: f"{s.stack}{' ' + roles[h] if roles[h] else ''} ({p.layout.describe()})" for h, p in units.items()}
+    describe = {h: f"{s.stack}{' ' + str(roles[h]) if roles[h] else ''} ({p.layout.describe()})" for h, p in units.items()}
     return Side(s.stack, units, roles, router_unit, describe)
 
 
@@ -82,7 +85,7 @@ class SwitchPlan:
     outage: str
     router_diff: list[str] = field(default_factory=list)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"from": self.source, "to": self.target, "steps": self.steps, "outage": self.outage,
                 "outage_hosts": self.outage_hosts, "outage_seconds": self.outage_seconds,
                 "hosts": [{"host": h.host, "before": h.before, "after": h.after, "stops": h.stops, "starts": h.starts,
@@ -95,7 +98,7 @@ def _diff(a: str, b: str, left: str, right: str) -> list[str]:
     return list(difflib.unified_diff(a.splitlines(), b.splitlines(), left, right, lineterm="", n=1))
 
 
-def plan(before: Side, after: Side, forecasts: Optional[dict] = None) -> SwitchPlan:
+def plan(before: Side, after: Side, forecasts: Optional[dict[str, Any]] = None) -> SwitchPlan:
     """`before` -> `after` over the hosts of `after` (a host of `before` only is left alone).
     `forecasts`: host -> switch_cost.Forecast of the host's start as `after` (none: no figures)."""
     forecasts = forecasts or {}
@@ -107,9 +110,9 @@ def plan(before: Side, after: Side, forecasts: Optional[dict] = None) -> SwitchP
         hosts.append(HostSwitch(h, before.describe.get(h), after.describe[h], old.unit.name if old else None,
                                 new.unit.name, forecasts.get(h),
                                 _diff(old.unit.text if old else "", new.unit.text, f"{h}: {before.stack}", f"{h}: {after.stack}")))
-    gone: set = set()
+    gone: set[str] = set()
     steps: list[str] = []
-    fmt: Callable = lambda h: _one(h, before, after, forecasts)  # noqa: E731 - one line a host
+    fmt: Callable[..., Any] = lambda h: _one(h, before, after, forecasts)  # noqa: E731 - one line a host
     # 1. While the old stack serves: the hosts it can spare, one at a time.
     for h in order:
         if before.serves(gone | {h}):
@@ -158,7 +161,7 @@ def plan(before: Side, after: Side, forecasts: Optional[dict] = None) -> SwitchP
     return SwitchPlan(before.stack, after.stack, hosts, steps, group, seconds, outage, router_diff)
 
 
-def _one(h: str, before: Side, after: Side, forecasts: dict) -> str:
+def _one(h: str, before: Side, after: Side, forecasts: dict[str, Any]) -> str:
     old = before.describe.get(h)
     out = "" if before.router_unit is None or old is None else " out of the router,"
     f = forecasts.get(h)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from . import pd_plan
 from .pd_settings import WHERE as PD_SETTING
@@ -169,7 +169,7 @@ def _server_setting(settings: StackSettings, name: str, setting: str) -> str:
         return setting + (f" (host {name})" if name else "")
     role = d.role_of(name)
     prefix = f"{NAMESPACE}:strategy."
-    if setting.startswith(prefix):
+    if setting.startswith(prefix) and role is not None:  # every host of a PD stack has a role
         setting = d.layout_setting(role, setting[len(prefix):])
     return f"{setting} ({role} on {name})"
 
@@ -239,7 +239,7 @@ class CheckedStack:
     secrets: list[str]
     warnings: list[str]
     # A prefill/decode stack's pair plan (pd_plan.PdPlan), None for the others.
-    pd: object = None
+    pd: Optional[pd_plan.PdPlan] = None
 
 
 def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[str, str] | None = None) -> CheckedStack:
@@ -314,7 +314,7 @@ def same_machine_as_default(settings: StackSettings) -> list[str]:
             for i, h in enumerate(settings.hosts) if h.machine == settings.host.machine]
 
 
-def declared_layout(plan: ServingPlan) -> dict:
+def declared_layout(plan: ServingPlan) -> dict[str, Any]:
     """What readiness compares with the server's /server_info."""
     s = plan.settings
     return {"tp_size": plan.layout.tp_size, "pp_size": plan.layout.pp_size, "ep_size": plan.layout.ep_size,

@@ -6,7 +6,9 @@ them (2**30 bytes).
 """
 from __future__ import annotations
 
-PROFILES: dict[str, dict] = {
+from typing import Any
+
+PROFILES: dict[str, dict[str, Any]] = {
     # Kimi K2.x (K2, K2.5, K2.6 share the DeepSeek-V3 architecture at a larger expert count).
     # Layers, experts, MoE width and MLA ranks: the model's config.json (num_hidden_layers 61,
     # n_routed_experts 384, moe_intermediate_size 2048, kv_lora_rank 512, qk_rope_head_dim 64,

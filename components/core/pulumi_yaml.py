@@ -31,7 +31,7 @@ import calendar
 import math
 import re
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import yaml
 
@@ -159,6 +159,7 @@ def go_float_text(value: float) -> str:
     if value == 0:
         return "-0" if math.copysign(1, value) < 0 else "0"
     sign, digits, exponent = Decimal(repr(value)).normalize().as_tuple()
+    assert isinstance(exponent, int)  # a finite number's (NaN and infinity are answered above)
     ds = "".join(map(str, digits))
     point = len(ds) + exponent  # digits before the decimal point
     x = point - 1
@@ -179,12 +180,12 @@ class KeyNotText(str):
 
     kind: str = "text"
 
-    def __new__(cls, text: str, kind: str = "text"):
+    def __new__(cls, text: str, kind: str = "text") -> KeyNotText:
         key = super().__new__(cls, text)
         key.kind = kind
         return key
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[KeyNotText], tuple[str, str]]:
         return KeyNotText, (str(self), self.kind)
 
 
@@ -194,21 +195,29 @@ KINDS = {BOOL: "true/false", NULL: "nothing (null)", INT: "a number", FLOAT: "a 
 class PulumiYamlError(yaml.YAMLError):
     """What go-yaml (and so Pulumi) refuses in a file PyYAML would read."""
 
-    def __init__(self, problem: str, mark=None):
+    def __init__(self, problem: str, mark: Optional[yaml.Mark] = None):
         super().__init__(problem)
         self.problem, self.problem_mark = problem, mark
 
 
-class PulumiLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+# libyaml's parser when PyYAML has it (its wheels do); the type checker reads the pure one's types.
+if TYPE_CHECKING:
+    _SafeLoader = yaml.SafeLoader
+else:
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class PulumiLoader(_SafeLoader):
     """PyYAML's safe loader (libyaml's parser when PyYAML has it: its wheels do) resolving and
     constructing scalars as go-yaml v3 does."""
 
-    def resolve(self, kind, value, implicit):
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is yaml.ScalarNode and implicit[0]:
             return resolve_plain(value)[0]
-        return super().resolve(kind, value, implicit)
+        tag: str = super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+        return tag
 
-    def _scalar_as(self, node, wanted: tuple[str, ...]) -> Any:
+    def _scalar_as(self, node: yaml.Node, wanted: tuple[str, ...]) -> Any:
         """A scalar under one of go-yaml's tags (resolved, or written `!!int` and the like, quoted
         or not), read as go-yaml reads it; refused as go-yaml refuses `!!bool yes` ("cannot
         decode !!str `yes` as a !!bool")."""
@@ -225,11 +234,11 @@ class PulumiLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
             return _as_program_sees(value)
         return value
 
-    def construct_mapping(self, node, deep=False):
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         """SafeConstructor's, with keys as Pulumi names them: a key that is not text becomes its
         Go text (`1`, `true`, `<nil>`, `1e+06`), so `1` and `true` stay two keys, as in Go."""
         self.flatten_mapping(node)
-        mapping = {}
+        mapping: dict[Any, Any] = {}
         for key_node, value_node in node.value:
             if isinstance(key_node, yaml.ScalarNode) and key_node.tag in KINDS:
                 tag, value = resolve_plain(key_node.value)
@@ -245,34 +254,35 @@ class PulumiLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
             mapping[key] = self.construct_object(value_node, deep=deep)
         return mapping
 
-    def construct_go_bool(self, node):
+    def construct_go_bool(self, node: yaml.Node) -> Any:
         return self._scalar_as(node, (BOOL,))
 
-    def construct_go_null(self, node):
+    def construct_go_null(self, node: yaml.Node) -> Any:
         return self._scalar_as(node, (NULL,))
 
-    def construct_go_int(self, node):
+    def construct_go_int(self, node: yaml.Node) -> Any:
         return self._scalar_as(node, (INT,))
 
-    def construct_go_float(self, node):
+    def construct_go_float(self, node: yaml.Node) -> Any:
         return self._scalar_as(node, (FLOAT, INT))
 
-    def construct_go_timestamp(self, node):
+    def construct_go_timestamp(self, node: yaml.Node) -> Any:
         return self._scalar_as(node, (TIMESTAMP,))
 
-    def construct_go_binary(self, node):
+    def construct_go_binary(self, node: yaml.ScalarNode) -> str:
         try:
             data = base64.b64decode(self.construct_scalar(node).encode("ascii"), validate=False)
         except (binascii.Error, UnicodeEncodeError):
             raise PulumiYamlError("!!binary value contains invalid base64 data", node.start_mark) from None
         return data.decode("utf-8", errors="replace")  # Go's string of the bytes, as JSON writes it
 
-    def construct_untagged(self, suffix, node):
+    def construct_untagged(self, suffix: str, node: yaml.Node) -> Any:
         """A tag go-yaml does not resolve (`!foo`, `!!set`, `!!omap`): the value as written."""
         if isinstance(node, yaml.MappingNode):
             return self.construct_mapping(node)
         if isinstance(node, yaml.SequenceNode):
             return self.construct_sequence(node)
+        assert isinstance(node, yaml.ScalarNode)  # YAML's third kind of node
         return self.construct_scalar(node)
 
 
@@ -280,9 +290,15 @@ for _tag, _method in ((BOOL, "construct_go_bool"), (NULL, "construct_go_null"), 
                       (FLOAT, "construct_go_float"), (TIMESTAMP, "construct_go_timestamp"),
                       (Y + "binary", "construct_go_binary")):
     PulumiLoader.add_constructor(_tag, getattr(PulumiLoader, _method))
+
+
+def _untagged(loader: PulumiLoader, node: yaml.Node) -> Any:
+    return loader.construct_untagged("", node)
+
+
 for _tag in (Y + "set", Y + "omap", Y + "pairs"):
-    PulumiLoader.add_constructor(_tag, lambda loader, node: PulumiLoader.construct_untagged(loader, "", node))
-PulumiLoader.add_constructor(None, lambda loader, node: PulumiLoader.construct_untagged(loader, "", node))
+    PulumiLoader.add_constructor(_tag, _untagged)
+PulumiLoader.add_constructor(None, _untagged)
 
 
 class PulumiDumper(yaml.SafeDumper):
@@ -290,13 +306,14 @@ class PulumiDumper(yaml.SafeDumper):
     `0o17`, `08`) and leaves plain what it reads as text (`on`, `yes`): what it writes, Pulumi
     reads back as given (tests write stack files with it)."""
 
-    def resolve(self, kind, value, implicit):
+    def resolve(self, kind: type[yaml.Node], value: Any, implicit: tuple[bool, bool]) -> str:
         if kind is yaml.ScalarNode and implicit[0]:
             return resolve_plain(value)[0]
-        return super().resolve(kind, value, implicit)
+        tag: str = super().resolve(kind, value, implicit)  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+        return tag
 
 
-def _represent_key(dumper: PulumiDumper, key: KeyNotText):
+def _represent_key(dumper: PulumiDumper, key: KeyNotText) -> yaml.ScalarNode:
     # Written back as the number, true or null it was read from (a date stays its text).
     text = "~" if key.kind == KINDS[NULL] else str(key)
     return dumper.represent_scalar(resolve_plain(text)[0], text)
@@ -307,4 +324,5 @@ PulumiDumper.add_representer(KeyNotText, _represent_key)
 
 def dump(doc: Any) -> str:
     """`doc` as YAML that Pulumi (and `read_yaml`) read back as `doc`."""
-    return yaml.dump(doc, Dumper=PulumiDumper, sort_keys=False, allow_unicode=True)
+    text: str = yaml.dump(doc, Dumper=PulumiDumper, sort_keys=False, allow_unicode=True)
+    return text

@@ -63,7 +63,7 @@ class UnitState:
 
     @classmethod
     def from_show(cls, props: dict[str, str]) -> "UnitState":
-        def num(key):
+        def num(key: str) -> int:
             try:
                 return int(props.get(key, "0") or 0)
             except ValueError:
@@ -230,7 +230,7 @@ def resolved_layout(server_info: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_report(verdict: Verdict, *, unit: str, url: str, declared: dict[str, Any], checked_at: str,
-                 info_read: Optional[tuple[str, dict, dict]] = None,
+                 info_read: Optional[tuple[str, dict[str, Any], dict[str, Any]]] = None,
                  seconds_to_ready: Optional[float] = None) -> Report:
     """The one builder of the readiness report, for a start (`probe.wait_ready`) and a refresh
     alike. `verdict.outcome` must be decided; `info_read` is (probe used, /server_info,

@@ -134,35 +134,35 @@ def probe_address(bind: str) -> str:
     return "127.0.0.1" if bind in ("0.0.0.0", "::", "") else bind
 
 
-def command(argv: list[str], *, purpose: str, timeout: float, check: bool, reuse: bool = False) -> dict:
+def command(argv: list[str], *, purpose: str, timeout: float, check: bool, reuse: bool = False) -> dict[str, Any]:
     """`reuse`: a snapshot several providers read in one run; the transport serves its first
     answer again until the host changes (components/remote/readcache.py)."""
     out = {"op": "run", "argv": [str(a) for a in argv], "purpose": purpose, "timeout": timeout, "check": check}
     return {**out, "reuse": True} if reuse else out
 
 
-def file_read(path: str) -> dict:
+def file_read(path: str) -> dict[str, Any]:
     return {"op": "read_file", "path": str(path)}
 
 
-def file_mode(path: str) -> dict:
+def file_mode(path: str) -> dict[str, Any]:
     return {"op": "stat_mode", "path": str(path)}
 
 
-def file_owner(path: str) -> dict:
+def file_owner(path: str) -> dict[str, Any]:
     return {"op": "stat_owner", "path": str(path)}
 
 
 # --- the requests, by what they read --------------------------------------------------------
 
-def unit_states(units: list[str]) -> dict:
+def unit_states(units: list[str]) -> dict[str, Any]:
     """`systemctl show` of the unit properties for `units` (blocks in argument order)."""
     return command(["systemctl", "show", *show_options(), "--", *units],
                    purpose="reading unit states", timeout=30, check=True)
 
 
 def snapshot(unit: str, address: str, port: int, gen_timeout: float, since: Optional[int], wait: float = 0.0,
-             settle: float = 0.0, seen_port: str = "", seen_ready: bool = False) -> dict:
+             settle: float = 0.0, seen_port: str = "", seen_ready: bool = False) -> dict[str, Any]:
     """One readiness poll (probe.SNAPSHOT_SCRIPT): the unit's state, the health and, when it
     generates, what it runs. `since` None: the journal is not read; `wait`: seconds the host may
     wait for a signal of the server first (`seen_port`: "closed"/"open" as the caller last saw it,
@@ -176,32 +176,32 @@ def snapshot(unit: str, address: str, port: int, gen_timeout: float, since: Opti
 
 # --- what each resource's read makes, from its props ----------------------------------------
 
-def host_facts(props: dict) -> list[dict]:
+def host_facts(props: dict[str, Any]) -> list[dict[str, Any]]:
     """HostFactsProvider: GPUs, driver, CUDA, interconnect and OS in one command."""
     return [command(["sh", "-c", FACTS_SCRIPT, "sh", props["cudaHome"]], purpose="reading host facts", timeout=60,
                     check=False)]
 
 
-def cuda_toolkit(props: dict) -> list[dict]:
+def cuda_toolkit(props: dict[str, Any]) -> list[dict[str, Any]]:
     """CudaToolkitProvider: nvcc, the package, its owner, the OS, in one command."""
     package = props["aptPackage"].split("=", 1)[0]
     return [command(["sh", "-c", cuda.PROBE_SCRIPT, "sh", props["home"], package], purpose="checking the CUDA toolkit",
                     timeout=PROBE_TIMEOUT, check=False)]
 
 
-def python_venv(props: dict) -> list[dict]:
+def python_venv(props: dict[str, Any]) -> list[dict[str, Any]]:
     """PythonVenvProvider: the venv's python version and installed distributions."""
     path = props["path"]
     return [command(["sh", "-c", venv.PROBE_SCRIPT, "sh", path], purpose=f"checking the venv {path}",
                     timeout=PROBE_TIMEOUT, check=False)]
 
 
-def remote_file(props: dict) -> list[dict]:
+def remote_file(props: dict[str, Any]) -> list[dict[str, Any]]:
     """RemoteFileProvider: the file's bytes, its mode, its owner."""
     return [file_read(props["path"]), file_mode(props["path"]), file_owner(props["path"])]
 
 
-def service(props: dict) -> list[dict]:
+def service(props: dict[str, Any]) -> list[dict[str, Any]]:
     """ServiceProvider: the unit's state and what its main process runs (SERVICE_SCRIPT)."""
     return [command(["sh", "-c", SERVICE_SCRIPT, "sh", props["unit"]], purpose=f"reading the state of {props['unit']}",
                     timeout=30, check=True)]
@@ -219,26 +219,26 @@ echo "${n:-0}"
 """
 
 
-def rank(unit: str, line: str) -> dict:
+def rank(unit: str, line: str) -> dict[str, Any]:
     """A rank >= 1 of a multi-node layout: its unit's state and whether its current run joined
     rank 0 (RANK_SCRIPT), for a switch's wait and for `status`."""
     return command(["sh", "-c", RANK_SCRIPT, "sh", unit, line], purpose=f"reading whether {unit} joined rank 0",
                    timeout=60, check=False)
 
 
-def readiness(props: dict) -> list[dict]:
+def readiness(props: dict[str, Any]) -> list[dict[str, Any]]:
     """ReadinessProvider: one poll without waiting and without the journal."""
     return [snapshot(props["unit"], probe_address(props["bind"]), int(props["port"]), REFRESH_GENERATION_TIMEOUT, None)]
 
 
-def serving(with_environ: bool = False) -> dict:
+def serving(with_environ: bool = False) -> dict[str, Any]:
     """What serves on the host (status.SERVING_SCRIPT): every gpu-serving unit, its stack, state and
     main process; `with_environ`: the processes' environments too (compared, never shown)."""
     return command(["sh", "-c", status.SERVING_SCRIPT, "sh", "environ" if with_environ else "-"],
                    purpose="reading what serves", timeout=60, check=True, reuse=True)
 
 
-BUILDERS: dict[str, Callable[[dict], list[dict]]] = {
+BUILDERS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
     "host-facts": host_facts,
     "cuda-toolkit": cuda_toolkit,
     "venv-packages": python_venv,
@@ -248,17 +248,17 @@ BUILDERS: dict[str, Callable[[dict], list[dict]]] = {
 }
 
 
-def spec(kind: str, props: dict[str, Any]) -> dict:
+def spec(kind: str, props: dict[str, Any]) -> dict[str, Any]:
     """What the program tells the provider: the kind of resource and the props its read uses."""
     if kind not in BUILDERS:
         raise ValueError(f"no read builder for {kind!r}")
     return {"kind": kind, "props": dict(props)}
 
 
-def expand(specs: Any) -> list[dict]:
+def expand(specs: Any) -> list[dict[str, Any]]:
     """The requests of a list of specs. Anything that is not a well-formed spec (a state written
     by another version, say) is skipped: a prefetch is an optimisation, never a reason to fail."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for s in specs if isinstance(specs, list) else []:
         if not isinstance(s, dict) or s.get("kind") not in BUILDERS or not isinstance(s.get("props"), dict):
             continue
@@ -274,7 +274,7 @@ def expand(specs: Any) -> list[dict]:
 
 # --- which reads a refresh of one host makes after its host facts ---------------------------
 
-def refresh_reads(plan: ServingPlan) -> list[dict]:
+def refresh_reads(plan: ServingPlan) -> list[dict[str, Any]]:
     """The reads of the CUDA toolkit, the venv, the environment and unit files, the service and
     readiness, in the order a refresh reaches them, for the host `plan.settings` describes.
 

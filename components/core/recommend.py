@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from .compare import Comparison
 
 MEASURED, INTERPOLATED, ESTIMATE, NEAREST = "measured", "interpolated", "estimate", "nearest measured level"
 STAY, SWITCH = "stay", "switch"
@@ -54,7 +57,7 @@ class Expected:
     basis: str                        # measured | interpolated | estimate | nearest measured level | none
     detail: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -129,7 +132,7 @@ class Recommendation:
     cost_tokens: Optional[float] = None
     cost: Optional[Cost] = None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["figures"] = [f.as_dict() for f in self.figures]
         return d
@@ -160,12 +163,12 @@ def recommend(current: str, curves: list[Curve], concurrency: Optional[float], *
         return Recommendation(current, STAY, current, f"no figure for the serving stack {current} {load}: "
                               f"nothing to compare it with ({mine.detail if mine else 'not among the stacks'})",
                               concurrency, hosts, figures)
-    others = sorted((f for f in figures if f.stack != current and f.tok_s is not None), key=lambda f: -f.tok_s)
-    best = others[0] if others else None
-    if best is None or best.tok_s <= mine.tok_s:
+    others = sorted(((f.tok_s, f) for f in figures if f.stack != current and f.tok_s is not None), key=lambda rated: -rated[0])
+    best_tok_s, best = others[0] if others else (None, None)
+    if best is None or best_tok_s is None or best_tok_s <= mine.tok_s:
         return Recommendation(current, STAY, current, f"{mine.strategy} gives the most {load}: {_tps(mine.tok_s)} tok/s "
                               f"({mine.detail})", concurrency, hosts, figures)
-    lead = (best.tok_s / mine.tok_s - 1) * 100
+    lead = (best_tok_s / mine.tok_s - 1) * 100
     versus = (f"{best.strategy} {_tps(best.tok_s)} tok/s ({best.detail}) vs {mine.strategy} {_tps(mine.tok_s)} "
               f"({mine.detail}) {load}, +{lead:.0f} %")
     if lead < policy.hysteresis_percent:
@@ -176,7 +179,7 @@ def recommend(current: str, curves: list[Curve], concurrency: Optional[float], *
     batches = math.ceil(hosts / max(1, batch_size))
     roll = cost.seconds * batches
     lost = mine.tok_s * cost.seconds
-    gained = (best.tok_s - mine.tok_s) * max(0.0, policy.horizon_seconds - roll)
+    gained = (best_tok_s - mine.tok_s) * max(0.0, policy.horizon_seconds - roll)
     net = gained - lost
     priced = (f"over the next {policy.horizon_seconds / 60:g} min it gains {gained:,.0f} tokens after a roll of "
               f"{roll / 60:.0f} min and the switch costs {lost:,.0f} ({cost.basis}: {cost.text or f'{cost.seconds:.0f} s'})")
@@ -192,7 +195,7 @@ def recommend(current: str, curves: list[Curve], concurrency: Optional[float], *
                           concurrency, hosts, figures, net, lost, cost)
 
 
-def curves_from(comparison, estimates: Optional[dict[str, dict[int, float]]] = None,
+def curves_from(comparison: Comparison, estimates: Optional[dict[str, dict[int, float]]] = None,
                 strategies: Optional[dict[str, str]] = None) -> list[Curve]:
     """The curves of a `compare` comparison (core/compare.py), in its order; `estimates`: the
     advisor's tok/s by concurrency per stack (also for stacks without results); `strategies`: a

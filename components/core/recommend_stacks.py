@@ -9,16 +9,16 @@ recommend` prints it (components/cli/recommend.py), each watch tick keeps it
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from . import advise as A
 from . import autoswitch
 from . import compare
 from . import recommend as RC
 from .advise_results import read_results
-from .config import AUTOSWITCH_KEY
+from .config import AUTOSWITCH_KEY, StackSettings
 from .errors import ConfigError
-from .plan import check_stack
+from .plan import CheckedStack, check_stack
 from .rules import NAMESPACE
 from .stack_config import from_files, stack_names
 from .strategy import layout_of
@@ -27,11 +27,11 @@ from .strategy import layout_of
 ESTIMATE_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def _machines(checked) -> tuple[str, ...]:
+def _machines(checked: CheckedStack) -> tuple[str, ...]:
     return tuple(sorted(s.host.machine for _, s in checked.settings.per_host()))
 
 
-def candidates(project_dir: Path, stack: str) -> tuple[object, list[str]]:
+def candidates(project_dir: Path, stack: str) -> tuple[CheckedStack, list[str]]:
     """The stack's checked settings and the stacks that deploy to the same machines (itself first)."""
     mine = check_stack(stack, from_files(project_dir, stack), project_dir)
     out = [stack]
@@ -46,7 +46,8 @@ def candidates(project_dir: Path, stack: str) -> tuple[object, list[str]]:
     return mine, out
 
 
-def _estimates(settings, stacks: dict, results: Path, input_len: int, output_len: int) -> dict[str, dict[int, float]]:
+def _estimates(settings: StackSettings, stacks: Mapping[str, StackSettings], results: Path, input_len: int,
+               output_len: int) -> dict[str, dict[int, float]]:
     """The advisor's tok/s per stack and level (calibrated on the results of this workload)."""
     layouts = {name: layout_of(s) for name, s in stacks.items()}
     measured, _ = read_results(results, layouts)

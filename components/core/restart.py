@@ -10,7 +10,7 @@ are said here; a unit that does not serve (a switch, a start) is the switch bloc
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .changes import argv_of, environment_changes, flag_changes
 from .readiness import AS_DECLARED, NOT_RUNNING, running_reason
@@ -27,13 +27,13 @@ _RUNNING_PREFIX = running_reason([])
 MAX_SHOWN = 10
 
 
-def secret_changes(before: Optional[dict], after: Optional[dict]) -> list[str]:
+def secret_changes(before: Optional[dict[str, Any]], after: Optional[dict[str, Any]]) -> list[str]:
     """The secret variables whose value changed, by name only (never a value)."""
     before, after = dict(before or {}), dict(after or {})
     return [f"{key} (a secret) changed" for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
 
 
-def declaration_changes(olds: dict, news: dict) -> list[str]:
+def declaration_changes(olds: dict[str, Any], news: dict[str, Any]) -> list[str]:
     """What the new declaration changes in what the server runs with, from the stored state (what
     the running process was started from, when it runs as declared) to the new props."""
     changes = flag_changes(argv_of(olds.get("execStart")), argv_of(news.get("execStart")))
@@ -50,7 +50,7 @@ def _shown(items: list[str]) -> str:
     return "; ".join(items[:MAX_SHOWN]) + f"; and {len(items) - MAX_SHOWN} more"
 
 
-def restart_notice(olds: Optional[dict], news: dict, *, label: str, host: str,
+def restart_notice(olds: Optional[dict[str, Any]], news: dict[str, Any], *, label: str, host: str,
                    running_now: Callable[[], str] = lambda: AS_DECLARED) -> Optional[str]:
     """`<label>: <unit> on <host> will RESTART (model reload): <why>: <the differences>`, or None
     when the update restarts nothing that serves (nothing stored yet, declared stopped, not

@@ -79,17 +79,17 @@ class RouterNow:
     listed: dict[str, str] = field(default_factory=dict)   # worker URL -> ROUTED, or what smg says instead
     health: dict[str, bool] = field(default_factory=dict)  # worker URL -> its server answered /health
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "RouterNow":
+    def from_dict(cls, doc: dict[str, Any]) -> "RouterNow":
         return cls(answers=bool(doc.get("answers")), error=str(doc.get("error") or ""),
                    machine_error=str(doc.get("machine_error") or ""), listed=dict(doc.get("listed") or {}),
                    health={str(k): bool(v) for k, v in (doc.get("health") or {}).items()})
 
 
-def host_from_dict(doc: dict) -> HostNow:
+def host_from_dict(doc: dict[str, Any]) -> HostNow:
     return HostNow(name=str(doc["name"]), url=str(doc["url"]), reachable=bool(doc.get("reachable", True)),
                    error=str(doc.get("error") or ""), serving=str(doc.get("serving") or ""),
                    as_declared=bool(doc.get("as_declared")))
@@ -111,7 +111,7 @@ def host_now(name: str, url: str, serving_text: Optional[str], *, unit: str, dec
     return HostNow(name, url, serving=now[0].name if now else "", as_declared=same)
 
 
-def router_now(workers: Optional[list], health: dict[str, bool], *, error: str = "", machine_error: str = "") -> RouterNow:
+def router_now(workers: Optional[list[Any]], health: dict[str, bool], *, error: str = "", machine_error: str = "") -> RouterNow:
     """The router from GET /workers (router.parse_workers; None when it did not answer)."""
     if workers is None:
         return RouterNow(answers=False, error=error, machine_error=machine_error, health=health)
@@ -250,7 +250,7 @@ def unresolved(entries: list[tuple[str, str]]) -> str:
               "gpu-serving:hosts to run without it")
 
 
-def stops_a_routed_server(serving_units: list, unit: str, own_router: str, *, who: str, where: str) -> Optional[str]:
+def stops_a_routed_server(serving_units: list[Any], unit: str, own_router: str, *, who: str, where: str) -> Optional[str]:
     """The refusal of a switch to `unit`, by a stack whose router is `own_router` ("" for none), on a
     host where a unit that another router sends requests to serves (status.HostUnit.routed_by;
     `serving_units`: what serves there now). Refused rather than drained: taking the server out of

@@ -69,7 +69,7 @@ def worker_url(address: str, port: int) -> str:
 # The unit
 
 def unit_name(settings: StackSettings) -> str:
-    return f"{settings.router.unit_name}.service"
+    return f"{settings.declared_router.unit_name}.service"
 
 
 def environment_path(settings: StackSettings) -> str:
@@ -85,12 +85,12 @@ def unit_file_of(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
 
 
-def exec_start(settings: StackSettings, workers: list[str], pd: Optional[tuple] = None) -> list[str]:
+def exec_start(settings: StackSettings, workers: list[str], pd: Optional[tuple[Any, ...]] = None) -> list[str]:
     """smg's command line: the declared fleet as --worker-urls (a restarted router comes back
     routing to all of them; a roll takes hosts out through the admin API). `pd`: (prefill
     [(url, bootstrap port)], decode [url]) of a prefill/decode stack: PD mode instead, each
     prefill server with its bootstrap port (`smg launch --help`: --prefill URL [BOOTSTRAP_PORT])."""
-    r = settings.router
+    r = settings.declared_router
     argv = [f"{r.venv_path}/bin/smg", "launch", "--host", r.bind, "--port", str(r.port), "--policy", r.policy,
             "--prometheus-host", r.bind, "--prometheus-port", str(r.metrics_port)]
     if pd is not None:
@@ -130,8 +130,8 @@ def worker_urls(unit_text: str) -> list[str]:
     return []
 
 
-def render_unit(settings: StackSettings, workers: list[str], pd: Optional[tuple] = None) -> str:
-    r = settings.router
+def render_unit(settings: StackSettings, workers: list[str], pd: Optional[tuple[Any, ...]] = None) -> str:
+    r = settings.declared_router
     argv = exec_start(settings, workers, pd)
     for word in argv:
         if not _PLAIN.fullmatch(word):
@@ -187,7 +187,7 @@ class Worker:
     strategy: str            # "tp8 pp1 dp1" from the labels the router read off /server_info
 
 
-def _strategy(labels: dict) -> str:
+def _strategy(labels: dict[str, Any]) -> str:
     parts = [f"{k}{labels[f'{k}_size']}" for k in ("tp", "pp", "ep", "dp") if f"{k}_size" in labels]
     if str(labels.get("enable_dp_attention", "")).lower() == "true":
         parts.append("dp-attention")
@@ -216,8 +216,8 @@ def serving(workers: list[Worker]) -> list[Worker]:
 class RouterVerdict:
     ready: bool
     reason: str
-    missing: tuple = ()      # declared URLs the router does not list
-    unhealthy: tuple = ()    # listed but not healthy and ready
+    missing: tuple[Any, ...] = ()      # declared URLs the router does not list
+    unhealthy: tuple[Any, ...] = ()    # listed but not healthy and ready
 
 
 def judge_router(expected: list[str], workers: Optional[list[Worker]], error: str = "") -> RouterVerdict:

@@ -13,7 +13,7 @@ import re
 NAMESPACE = "gpu-serving"
 
 
-def rx(body: str) -> re.Pattern:
+def rx(body: str) -> re.Pattern[str]:
     """A whole-string, ASCII-only pattern: safe even where someone later calls .match."""
     return re.compile(rf"\A(?:{body})\Z", re.ASCII)
 

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 import yaml
 
 from .router import url_host
+
+if TYPE_CHECKING:
+    from .config import RouterSettings, StackSettings
 
 CONFIG_FILE = "prometheus.yml"
 TARGETS_DIR = "targets"
@@ -47,12 +50,13 @@ class Target:
         return f"{url_host(self.address)}:{self.port}"
 
 
-def stack_targets(per_host: Iterable[tuple[str, object]], addresses: dict[str, str], router=None,
+def stack_targets(per_host: Iterable[tuple[str, StackSettings]], addresses: dict[str, str], router: Optional[RouterSettings] = None,
                   router_address: Optional[str] = None) -> tuple[list[Target], list[str]]:
     """The targets of one stack. `per_host`: StackSettings.per_host(); `addresses`: running
     rehearsal hosts' addresses by name; `router`: RouterSettings or None, reached at
     `router_address`. Returns the targets and a note per host left out (and why)."""
-    targets, notes = [], []
+    targets: list[Target] = []
+    notes: list[str] = []
     for entry, s in per_host:
         node = getattr(s, "node", None)
         if node is not None and node.rank != 0:
@@ -72,7 +76,7 @@ def stack_targets(per_host: Iterable[tuple[str, object]], addresses: dict[str, s
     return targets, notes
 
 
-def router_address(settings, addresses: dict[str, str]) -> Optional[str]:
+def router_address(settings: StackSettings, addresses: dict[str, str]) -> Optional[str]:
     """Where the stack's router runs: its fleet entry's machine, or a machine of its own."""
     r = settings.router
     if r is None:
@@ -81,7 +85,7 @@ def router_address(settings, addresses: dict[str, str]) -> Optional[str]:
     return None if h is None else (h.address or addresses.get(h.rehearsal or ""))
 
 
-def targets_of(settings, addresses: dict[str, str]) -> tuple[list[Target], list[str]]:
+def targets_of(settings: StackSettings, addresses: dict[str, str]) -> tuple[list[Target], list[str]]:
     """`stack_targets` for a stack's settings (StackSettings)."""
     return stack_targets(settings.per_host(addresses), addresses, settings.router, router_address(settings, addresses))
 
@@ -101,7 +105,7 @@ def render_config(targets_dir: str, *, watch_exporter: Optional[str] = WATCH_EXP
                   scrape_interval: str = SCRAPE_INTERVAL) -> str:
     """prometheus.yml: the servers and routers from every target file in `targets_dir`
     (absolute), and the watch's textfile through node_exporter at `watch_exporter` (None: left out)."""
-    jobs: list[dict] = [{
+    jobs: list[dict[str, Any]] = [{
         "job_name": JOB,
         "metrics_path": "/metrics",
         "file_sd_configs": [{"files": [f"{targets_dir.rstrip('/')}/*.json"], "refresh_interval": REFRESH_INTERVAL}],

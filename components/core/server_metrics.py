@@ -21,7 +21,7 @@ The router (smg 1.13.0, its --prometheus-port; captured in tests/data/traffic/):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 RUNNING = "sglang:num_running_reqs"
 QUEUED = "sglang:num_queue_reqs"
@@ -35,7 +35,11 @@ ROUTER_ACTIVE = "smg_worker_requests_active"
 ROUTER_REQUESTS = "smg_router_requests_total"
 
 
-def samples(text: str) -> list[tuple[str, dict, float]]:
+# One sample of a Prometheus text exposition: (name, labels, value).
+Sample = tuple[str, dict[str, str], float]
+
+
+def samples(text: str) -> list[Sample]:
     """Every sample of a Prometheus text exposition: (name, labels, value). Raises ValueError on
     text that is not the format."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -43,20 +47,20 @@ def samples(text: str) -> list[tuple[str, dict, float]]:
     return [(s.name, dict(s.labels), float(s.value)) for fam in text_string_to_metric_families(text) for s in fam.samples]
 
 
-def _int(value, default: int = 0) -> int:
+def _int(value: Any, default: int = 0) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
         return default
 
 
-def scheduler_load(rows: list[tuple[str, dict, float]], names: tuple[str, ...], attn_tp_size: Optional[int] = None
+def scheduler_load(rows: list[Sample], names: tuple[str, ...], attn_tp_size: Optional[int] = None
                    ) -> Optional[float]:
     """Requests in `names` (running, queued or both) on one server, each counted once (module
     docstring). `attn_tp_size`: the layout's attention-TP group (tp, or tp/dp under DP attention):
     a series whose tp_rank is not its group's rank 0 is another view of the same batch. Unknown
     (None): per DP rank label and stage, the lowest tp_rank reporting. None when no series."""
-    per: dict[tuple, dict[str, float]] = {}  # (dp group, pp stage, tp rank) -> name -> value
+    per: dict[tuple[Any, ...], dict[str, float]] = {}  # (dp group, pp stage, tp rank) -> name -> value
     for name, labels, value in rows:
         if name not in names:
             continue
@@ -71,10 +75,10 @@ def scheduler_load(rows: list[tuple[str, dict, float]], names: tuple[str, ...], 
         per.setdefault(key, {})[name] = value
     if not per:
         return None
-    lowest: dict[tuple, int] = {}
+    lowest: dict[tuple[Any, ...], int] = {}
     for model, group, pp, tp in per:
         lowest[(model, group, pp)] = min(tp, lowest.get((model, group, pp), tp))
-    stages: dict[tuple, float] = {}
+    stages: dict[tuple[Any, ...], float] = {}
     for (model, group, pp), tp in lowest.items():
         load = sum(per[(model, group, pp, tp)].values())
         stages[(model, group)] = max(load, stages.get((model, group), 0.0))
@@ -112,19 +116,19 @@ class Histogram:
             lower, below = le, n
         return lower
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"buckets": [[le if le != float("inf") else "+Inf", n] for le, n in self.buckets], "count": self.count,
                 "sum": self.total}
 
     @classmethod
-    def from_dict(cls, doc: Optional[dict]) -> "Histogram":
+    def from_dict(cls, doc: Optional[dict[str, Any]]) -> "Histogram":
         if not doc:
             return cls()
         return cls(tuple((float(le), float(n)) for le, n in doc.get("buckets", [])), float(doc.get("count", 0)),
                    float(doc.get("sum", 0)))
 
 
-def histogram(rows: list[tuple[str, dict, float]], names: tuple[str, ...] | str) -> Histogram:
+def histogram(rows: list[Sample], names: tuple[str, ...] | str) -> Histogram:
     """The first of `names` the text has, summed over its label sets (one per model)."""
     for name in (names,) if isinstance(names, str) else names:
         buckets: dict[float, float] = {}
@@ -145,7 +149,7 @@ def histogram(rows: list[tuple[str, dict, float]], names: tuple[str, ...] | str)
     return Histogram()
 
 
-def _sum(rows, name: str) -> Optional[float]:
+def _sum(rows: list[Sample], name: str) -> Optional[float]:
     values = [v for n, _, v in rows if n == name]
     return sum(values) if values else None
 
@@ -169,16 +173,16 @@ class ServerSample:
             return None
         return (self.running or 0.0) + (self.queued or 0.0)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         for k in ("e2e", "ttft", "itl"):
             d[k] = getattr(self, k).as_dict()
         return d
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "ServerSample":
-        return cls(float(doc["at"]), *(doc.get(k) for k in ("running", "queued", "prompt_tokens", "generation_tokens",
-                                                              "requests")),
+    def from_dict(cls, doc: dict[str, Any]) -> "ServerSample":
+        return cls(float(doc["at"]), doc.get("running"), doc.get("queued"), doc.get("prompt_tokens"),
+                   doc.get("generation_tokens"), doc.get("requests"),
                    Histogram.from_dict(doc.get("e2e")), Histogram.from_dict(doc.get("ttft")), Histogram.from_dict(doc.get("itl")))
 
 
@@ -196,7 +200,7 @@ class RouterSample:
     active: dict[str, float]      # worker URL -> requests in flight there
     requests: Optional[float]     # requests routed since the router started
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

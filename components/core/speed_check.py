@@ -10,7 +10,7 @@ side by side. No baseline, or none at the probed levels: "no baseline: skipped",
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .bench_results import Level, Run
 
@@ -42,7 +42,7 @@ class SpeedVerdict:
     rows: list[SpeedRow] = field(default_factory=list)
     baseline: str = ""  # the baseline run's folder, stack and host
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"status": self.status, "reason": self.reason, "baseline": self.baseline,
                 "levels": [{"concurrency": r.concurrency, "probe_tok_s": round(r.probe_tok_s, 2),
                             "baseline_tok_s": round(r.baseline_tok_s, 2), "ratio": round(r.ratio, 3),
@@ -52,9 +52,9 @@ class SpeedVerdict:
 
 def baseline(runs: list[Run], *, host: str, layout: str, model: str, rehearsal: bool) -> Optional[Run]:
     """The newest run of this host, layout and model, on the same kind of server."""
-    same = [r for r in runs if r.host == host and r.layout == layout and r.model == model
+    same = [(r.time, r) for r in runs if r.host == host and r.layout == layout and r.model == model
             and r.rehearsal == rehearsal and r.time is not None]
-    return max(same, key=lambda r: r.time) if same else None
+    return max(same, key=lambda timed: timed[0])[1] if same else None
 
 
 def judge(probe: dict[int, Level], base: Optional[Run], min_ratio: float = MIN_SPEED_RATIO) -> SpeedVerdict:

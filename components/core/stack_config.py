@@ -20,7 +20,7 @@ import difflib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import yaml
 
@@ -57,7 +57,7 @@ class RawConfig:
     """Every config key as written (``gpu-serving:serving``), its value as the program sees it."""
 
     values: dict[Any, Any] = field(default_factory=dict)
-    secret_keys: set = field(default_factory=set)
+    secret_keys: set[str] = field(default_factory=set)
     # Where each key was written, for messages about the key itself ("Pulumi.tp8.yaml").
     origin: dict[Any, str] = field(default_factory=dict)
     # "files" (plan and the other commands) or "engine" (the program under preview and up).
@@ -73,7 +73,7 @@ class _BoundedLoader(PulumiLoader):
     libyaml's parser when PyYAML has it (its wheels do): a program run reads every stack file of
     the project (which strategy another stack owns), ~6x faster than the pure-Python parser."""
 
-    def get_single_node(self):
+    def get_single_node(self) -> Optional[yaml.Node]:
         node = super().get_single_node()
         if node is not None:
             _expanded_size(node)
@@ -84,13 +84,13 @@ class _TooLarge(Exception):
     """A document refused before it is built: too large once expanded, or ambiguous."""
 
 
-def _expanded_size(root) -> int:
+def _expanded_size(root: yaml.Node) -> int:
     """Values in the document with every alias expanded; stops (raises) past MAX_VALUES. Shared
     nodes are sized once (memo), so the count itself stays cheap for any file."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
 
-    def size(node) -> int:
+    def size(node: yaml.Node) -> int:
         key = id(node)
         if key in sizes:
             return sizes[key]
@@ -99,7 +99,7 @@ def _expanded_size(root) -> int:
         open_nodes.add(key)
         total = 1
         if isinstance(node, yaml.MappingNode):
-            seen: set = set()
+            seen: set[str] = set()
             for k, v in node.value:
                 # PyYAML keeps the last of two equal keys, Pulumi's reader refuses the file: refused
                 # here too, so plan never shows a value the engine would not read. go-yaml compares
@@ -151,7 +151,7 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError([SettingError(name, f"is not valid YAML{at}: {str(problem)[:200]}")]) from None
 
 
-def _config_block(path: Path, doc: Any) -> dict:
+def _config_block(path: Path, doc: Any) -> dict[str, Any]:
     if doc is None:
         return {}
     if not isinstance(doc, dict):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 KEEP = 10  # starts remembered per host and layout
 MARKERS = {
@@ -44,10 +44,10 @@ class StartRecord:
     layout: str              # e.g. "pp8": the strategy a forecast is asked about
     started_at: float        # the unit's start, seconds since the epoch
     total: Optional[float]   # unit start -> ready; None when it never became ready
-    phases: dict = field(default_factory=dict)
+    phases: dict[str, Any] = field(default_factory=dict)
     load_reported: Optional[float] = None  # "Load weight end. elapsed=" (the slowest rank)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -87,7 +87,7 @@ def phases(entries: list[tuple[float, str]], *, host: str, stack: str, layout: s
     ready = first.get("ready")
     got: dict[str, float] = {}
 
-    def span(name, a, b):
+    def span(name: str, a: Optional[float], b: Optional[float]) -> None:
         if a is not None and b is not None and b >= a:
             got[name] = round(b - a, 3)
     span("init", start, first.get("load_begin"))
@@ -118,7 +118,8 @@ def add_record(text: str, record: StartRecord, keep: int = KEEP) -> str:
                                                                                       record.started_at)]
     records.append(record)
     records.sort(key=lambda r: r.started_at)
-    kept, count = [], {}
+    kept: list[StartRecord] = []
+    count: dict[tuple[str, str], int] = {}
     for r in reversed(records):
         key = (r.host, r.layout)
         count[key] = count.get(key, 0) + 1

@@ -238,7 +238,7 @@ def boot_disagreement(host: HostServing) -> Optional[str]:
             + (", not enabled" if not now.enabled else "") + f": {fix}")
 
 
-def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict],
+def destroy_warning(*, unit: str, stack: str, where: str, outputs: Optional[dict[str, Any]],
                     declared: Optional[str] = None, removed: bool = False) -> Optional[str]:
     """What a destroy's preview says when the stack's unit serves (its `active` output, as the
     refresh before the preview read it): nothing will serve on that host afterwards. None when

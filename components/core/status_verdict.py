@@ -21,12 +21,12 @@ EXIT_ORDER = (EXIT_NOT_READ, EXIT_NOTHING_SERVES, EXIT_NOT_READY, EXIT_DRIFT)
 READY = "ready"
 
 
-def _deployed_here(host: dict) -> bool:
+def _deployed_here(host: dict[str, Any]) -> bool:
     """A unit of the stacks asked about is on the host (so it was deployed there at some time)."""
     return any(s.get("state", "not on this host") != "not on this host" for s in host.get("stacks", []))
 
 
-def nothing_serves(host: dict, *, asked_for_a_stack: bool) -> bool:
+def nothing_serves(host: dict[str, Any], *, asked_for_a_stack: bool) -> bool:
     """The host serves nothing, and that is a finding: the stack asked for (`--stack`) should serve
     there, or a stack of the project was deployed there. A rehearsal host that is not booted, or a
     host no stack was ever deployed to, is only a finding when a stack was asked for."""
@@ -35,7 +35,7 @@ def nothing_serves(host: dict, *, asked_for_a_stack: bool) -> bool:
     return asked_for_a_stack or (not host.get("down") and _deployed_here(host))
 
 
-def not_ready(host: dict) -> list[str]:
+def not_ready(host: dict[str, Any]) -> list[str]:
     """Why a host that serves is not serving users: its readiness now, its router membership."""
     if host.get("error") or not host.get("serving"):
         return []
@@ -49,7 +49,7 @@ def not_ready(host: dict) -> list[str]:
     return out
 
 
-def summarize(hosts: list[dict], *, asked_for_a_stack: bool) -> dict[str, Any]:
+def summarize(hosts: list[dict[str, Any]], *, asked_for_a_stack: bool) -> dict[str, Any]:
     """The project's answer: every host's document, the findings by kind, a one-line summary and
     the exit status (EXIT_ORDER)."""
     drift = [f"{h['host']}: {s['stack']}" for h in hosts for s in h.get("stacks", []) if s.get("serving") and s.get("drift")]

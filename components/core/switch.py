@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .facts import split_sections
 from .readiness import AS_DECLARED, NOT_RUNNING
@@ -73,7 +73,7 @@ class Step:
     action: str
     units: tuple[str, ...] = ()
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown switch step {self.action!r}; one of {', '.join(ACTIONS)}")
 
@@ -107,7 +107,7 @@ class SwitchPlan:
             return ("starting" if self.starts else "serving") + f" (stops {', '.join(stops)})"
         return "starting" if self.starts else None
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"steps": [str(s) for s in self.steps], "reason": self.reason, "previous": self.previous,
                 "rollback_to": self.rollback_to, "on_failure": [str(s) for s in self.on_failure],
                 "refused": self.refused}
@@ -206,14 +206,14 @@ def listener_pids(ss_out: str) -> list[str]:
     return sorted(set(re.findall(r"pid=([0-9]+)", ss_out)))
 
 
-def runs_an_edit(olds: dict) -> bool:
+def runs_an_edit(olds: dict[str, Any]) -> bool:
     """The process ran other settings than declared at the last read (a hand edit and restart);
     another strategy serving in its place (superseded) is a switch to make, not an edit."""
     running = olds.get("runningServer", AS_DECLARED)
     return running not in (AS_DECLARED, NOT_RUNNING) and not is_superseded(running)
 
 
-def switch_planned(olds: Optional[dict], news: dict) -> bool:
+def switch_planned(olds: Optional[dict[str, Any]], news: dict[str, Any]) -> bool:
     """Whether a create or update of a strategy unit's service starts or restarts it, so that the
     host stops serving its current strategy for a while: the one case in which a fleet's run says
     how its hosts switch (the roll order, or that they all stop at once). `olds`: the stored
@@ -230,7 +230,7 @@ def switch_planned(olds: Optional[dict], news: dict) -> bool:
     return why_restart(olds, news, lambda: AS_DECLARED) is not None
 
 
-def why_restart(olds: dict, news: dict, running_now: Callable[[], str]) -> Optional[str]:
+def why_restart(olds: dict[str, Any], news: dict[str, Any], running_now: Callable[[], str]) -> Optional[str]:
     """Why an update restarts the unit (None: it need not). `running_now`: what the process runs,
     read from the host; asked only for a state written by an earlier version (no execStart), whose
     hash covered the whole unit text and so always differs: the process itself then says whether

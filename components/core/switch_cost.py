@@ -56,8 +56,8 @@ def forecast(*, host: str, source: Optional[str], target: str, history: list[Sta
     done = sorted((r for r in history if r.host == host and r.layout == target and r.total is not None),
                   key=lambda r: r.started_at)[-HISTORY:]
     if done:
-        totals = [r.total for r in done]
-        loads = [r.phases.get("load") for r in done if r.phases.get("load") is not None]
+        totals = [r.total for r in done if r.total is not None]  # all of them (`done` has a total)
+        loads = [load for load in (r.phases.get("load") for r in done) if load is not None]
         mid = median(totals) + drain
         load = median(loads) if loads else None
         spread = duration(min(totals)) if len(done) == 1 else f"{duration(min(totals))} – {duration(max(totals))}"
@@ -97,12 +97,13 @@ def roll(per_host: dict[str, Forecast], batch_size: int) -> tuple[list[Batch], s
     for i in range(0, n, batch_size):
         group = tuple(hosts[i:i + batch_size])
         times = [per_host[h].seconds for h in group]
-        batches.append(Batch(group, None if None in times else max(times), n - len(group), n))
+        known_times = [t for t in times if t is not None]
+        batches.append(Batch(group, max(known_times) if len(known_times) == len(times) else None, n - len(group), n))
     lines = []
     for k, b in enumerate(batches, 1):
         cost = f"~{duration(b.seconds)}" if b.seconds is not None else "unknown (no forecast for a host)"
         lines.append(f"batch {k} of {len(batches)} ({', '.join(b.hosts)}): {cost}, {b.serving} of {b.of} hosts "
                      f"serving meanwhile ({math.floor(100 * b.serving / b.of)} % of the capacity)")
-    known = [b.seconds for b in batches]
-    total = f"~{duration(sum(known))}" if None not in known else "unknown"
+    known = [b.seconds for b in batches if b.seconds is not None]
+    total = f"~{duration(sum(known))}" if len(known) == len(batches) else "unknown"
     return batches, f"the roll takes {total} in {len(batches)} batch(es):\n" + "\n".join(lines)

@@ -5,14 +5,14 @@ under a systemd timer carries the window from run to run.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from .server_metrics import ServerSample
 from .workload import Observation, keep, observe, summarize
 
 
-def group_doc(previous: Optional[dict], stack: str, hosts: list[str], samples: dict[str, ServerSample],
-              window_seconds: float, errors: Optional[dict[str, str]] = None, router: Optional[dict] = None) -> dict:
+def group_doc(previous: Optional[dict[str, Any]], stack: str, hosts: list[str], samples: dict[str, ServerSample],
+              window_seconds: float, errors: Optional[dict[str, str]] = None, router: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     """This tick's section for the group serving `stack` on `hosts`, from its `samples` (host ->
     sample) and the previous tick's section (None: the first). A host that could not be read keeps
     no sample (its error is shown); the window goes on with the others."""
@@ -28,7 +28,7 @@ def group_doc(previous: Optional[dict], stack: str, hosts: list[str], samples: d
             "serving_since": previous.get("serving_since") if previous.get("stack") == stack else None}
 
 
-def changes(before: Optional[dict], now: dict) -> list[dict]:
+def changes(before: Optional[dict[str, Any]], now: dict[str, Any]) -> list[dict[str, Any]]:
     """A change entry (the watch's shape) when a group's recommendation changed."""
     out = []
     old = {g["stack"]: g for g in (before or {}).get("groups", [])}
@@ -46,7 +46,7 @@ def _label(value: str) -> str:
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render_prometheus(traffic: dict) -> str:
+def render_prometheus(traffic: dict[str, Any]) -> str:
     """The recommendation and the observed load, beside the watch's own metrics."""
     lines = ["# HELP gpu_serving_recommended_strategy 1 for the stack recommended on the host "
              "(serving: the stack serving there now)",

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, TYPE_CHECKING
 
 from . import flags
 from .errors import ConfigError, SettingError, shown
@@ -127,7 +127,7 @@ def environment_path(settings: StackSettings) -> str:
 
 
 @lru_cache(maxsize=1)
-def node_networks() -> dict:
+def node_networks() -> dict[str, Any]:
     """data/node-networks.json: NCCL's defaults per network between nodes."""
     data = json.loads((Path(__file__).parent / "data" / "node-networks.json").read_text())
     return {k: v for k, v in data.items() if not k.startswith("_")}
@@ -235,7 +235,8 @@ def unit_environment(env: dict[str, str], shared: dict[str, str]) -> dict[str, s
 
 def routed_by(settings: StackSettings) -> str:
     """The ROUTED_KEY value of a fleet behind a router: the router's unit and port."""
-    return f"{settings.router.unit_name}:{settings.router.port}"
+    router = settings.declared_router
+    return f"{router.unit_name}:{router.port}"
 
 
 def render_unit(settings: StackSettings, conflicts_with: list[str] | None = None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional, TYPE_CHECKING
 
 from .errors import SettingError, shown
 from .facts import split_sections
@@ -109,7 +109,7 @@ class VenvObserved:
     state: str                      # "absent" | "not-a-venv" | "venv"
     python: Optional[str] = None    # "3.11.2"; None when the venv's interpreter does not run
     pip_ok: bool = False
-    packages: dict = field(default_factory=dict)  # normalized name -> version
+    packages: dict[str, Any] = field(default_factory=dict)  # normalized name -> version
 
     @property
     def python_minor(self) -> Optional[str]:
@@ -141,7 +141,7 @@ def parse_venv_probe(text: str) -> VenvObserved:
     return VenvObserved(state="venv", python=python, pip_ok=pip_ok, packages=packages)
 
 
-def observed_view(declared: list[str], observed: VenvObserved) -> dict:
+def observed_view(declared: list[str], observed: VenvObserved) -> dict[str, Any]:
     """The venv as the resource's state shows it: ``python`` (major.minor), ``packages`` (the
     declared list with each entry rewritten to what is installed: equal to the declaration
     when it is satisfied, so a diff names exactly the package that differs), ``installed``
@@ -165,7 +165,7 @@ class VenvPlan:
     create: bool = False        # run python<ver> -m venv
     clear: bool = False         # ... with --clear (wrong or broken interpreter)
     install: bool = False       # pip install the declared packages
-    force_reinstall: tuple = () # specs whose wheel changed at the same version
+    force_reinstall: tuple[Any, ...] = () # specs whose wheel changed at the same version
     refuse: Optional[str] = None
     reason: str = ""
 
@@ -196,7 +196,7 @@ def venv_plan(*, python: str, packages: list[str], observed: VenvObserved, rebui
     return VenvPlan(reason="up to date")
 
 
-def wheelhouse_key(wheelhouse: Optional[dict]):
+def wheelhouse_key(wheelhouse: Optional[dict[str, Any]]) -> Optional[tuple[Any, tuple[tuple[str, Any], ...]]]:
     """What of a wheelhouse matters to a diff: where it goes and the files' digests (not where
     it sits on the operator's machine)."""
     if not wheelhouse:
@@ -206,7 +206,7 @@ def wheelhouse_key(wheelhouse: Optional[dict]):
 
 def wheelhouse_problems(packages: list[str], files: list[str], where: str) -> list[SettingError]:
     """Every declared package needs its pinned version in the wheelhouse (pip runs --no-index)."""
-    have = {distribution_of(f) for f in files} - {None}
+    have = {d for d in map(distribution_of, files) if d is not None}
     errors = []
     for i, spec in enumerate(packages):
         name, _, version = parse_requirement(spec)

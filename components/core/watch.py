@@ -12,7 +12,8 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from typing import Any, Iterable, Optional
+from functools import partial
+from typing import Any, Callable, Iterable, Optional
 
 from .errors import ConfigError, SettingError, secret_kind
 from .rules import credential_name
@@ -72,7 +73,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= SHORT else text[: SHORT - 3] + "..."
 
 
-def _may_hold_secrets(inputs: dict) -> bool:
+def _may_hold_secrets(inputs: dict[str, Any]) -> bool:
     """A file that may hold secrets (an environment file): a value of its that looks like one is
     not shown (`shown_assignment`)."""
     path = str(inputs.get("path", ""))
@@ -124,7 +125,7 @@ def line_changes(declared: str, on_host: str, *, may_hold_secrets: bool = False)
                     out.append(f"line {j1 + k + 1}: {pair(new, old)}")
                 elif new is not None:
                     out.append(f"line {j1 + k + 1}: added on the host: {show(new)}")
-                else:
+                elif old is not None:
                     out.append(f"after line {j2}: missing on the host: {show(old)}")
         elif tag == "insert":
             out += [f"line {j + 1}: added on the host: {show(b[j])}" for j in range(j1, j2)]
@@ -135,7 +136,7 @@ def line_changes(declared: str, on_host: str, *, may_hold_secrets: bool = False)
     return out
 
 
-def resource_drift(step: dict) -> dict:
+def resource_drift(step: dict[str, Any]) -> dict[str, Any]:
     """One preview step as the watch reports it. `step`: name, type, op, old (the inputs as the
     refresh read them from the host) and new (the declared inputs)."""
     old, new = step.get("old") or {}, step.get("new") or {}
@@ -177,20 +178,20 @@ def host_of(resource: str, hosts: list[tuple[str, str]]) -> Optional[str]:
 
 # --- one tick --------------------------------------------------------------------------------
 
-def _serving_of(host_doc: Optional[dict]) -> Optional[dict]:
+def _serving_of(host_doc: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
     s = (host_doc or {}).get("serving")
     return {"unit": s["unit"], "stack": s.get("stack") or ""} if s else None
 
 
-def tick_document(results: list[dict], status: dict, *, checked_at: str, checked_at_seconds: float,
-                  errors_before: int = 0) -> dict:
+def tick_document(results: list[dict[str, Any]], status: dict[str, Any], *, checked_at: str, checked_at_seconds: float,
+                  errors_before: int = 0) -> dict[str, Any]:
     """The tick as one document. `results`: per stack {stack, hosts: [[entry, target]], steps,
     deployed (the state holds resources), error}; `status`: `project_status`'s answer for the same stacks."""
     by_host = {h["host"]: h for h in status.get("hosts", [])}
     stacks, errors = [], 0
     for r in results:
         hosts = [tuple(h) for h in r.get("hosts", [])]
-        drift: dict[Optional[str], list[dict]] = {}
+        drift: dict[Optional[str], list[dict[str, Any]]] = {}
         for step in r.get("steps", []):
             if step["op"] in DRIFT_OPS:
                 item = resource_drift(step)
@@ -228,28 +229,36 @@ def tick_document(results: list[dict], status: dict, *, checked_at: str, checked
             "check_errors_total": errors_before + errors, "stacks": stacks}
 
 
-def _entries(doc: Optional[dict]) -> dict[tuple[str, str], dict]:
+def _entries(doc: Optional[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     return {(s["stack"], h["host"]): h for s in (doc or {}).get("stacks", []) for h in s["hosts"]}
 
 
-def _item_key(item: dict) -> tuple:
+def _item_key(item: dict[str, Any]) -> tuple[Any, ...]:
     return item["resource"], tuple(item["keys"]), tuple(item["lines"])
 
 
-def describe(item: dict) -> str:
+def describe(item: dict[str, Any]) -> str:
     where = f"{item['resource']}" + (f" ({item['file']})" if item.get("file") else "")
     return f"{where}: " + ("; ".join(item["lines"]) if item["lines"] else ", ".join(item["keys"]) or item["op"])
 
 
-def _serving_text(s: Optional[dict]) -> str:
+def _serving_text(s: Optional[dict[str, Any]]) -> str:
     return f"{s['unit']} (stack {s['stack'] or 'unknown'})" if s else "nothing"
+
+
+def _edited_line(item: dict[str, Any], host: str, stacks: list[str]) -> str:
+    return f"edited: {_stacks_text(stacks)} on {host}: {describe(item)}"
+
+
+def _clean_line(host: str, stacks: list[str]) -> str:
+    return f"clean: {_stacks_text(stacks)} on {host}: no drift"
 
 
 def _stacks_text(stacks: list[str]) -> str:
     return f"stack {stacks[0]}" if len(stacks) == 1 else "stacks " + ", ".join(stacks)
 
 
-def changes(before: Optional[dict], now: dict) -> list[dict]:
+def changes(before: Optional[dict[str, Any]], now: dict[str, Any]) -> list[dict[str, Any]]:
     """What changed since the previous tick, one entry per change: kind (switched, edited, clean,
     unreachable, reachable, readiness, router), stack (the first of `stacks`), stacks, host, line.
     The first tick (`before` None) only records: what it finds is the state the next tick compares
@@ -258,16 +267,16 @@ def changes(before: Optional[dict], now: dict) -> list[dict]:
     if before is None:
         return []
     old, new = _entries(before), _entries(now)
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     seen_hosts: set[str] = set()
     # A change several stacks see (one edit of a shared file, one host clean again): one entry,
     # naming each stack, where the first stack met it.
-    grouped: dict[tuple, dict] = {}
+    grouped: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def add(kind: str, stack: Optional[str], host: str, line: str) -> None:
         out.append({"kind": kind, "stack": stack, "stacks": [stack] if stack else [], "host": host, "line": line})
 
-    def add_grouped(key: tuple, kind: str, stack: str, host: str, words) -> None:
+    def add_grouped(key: tuple[Any, ...], kind: str, stack: str, host: str, words: Callable[[list[str]], str]) -> None:
         entry = grouped.get(key)
         if entry is None:
             entry = grouped[key] = {"kind": kind, "stack": stack, "stacks": [], "host": host, "words": words}
@@ -299,10 +308,10 @@ def changes(before: Optional[dict], now: dict) -> list[dict]:
             if _item_key(item) not in before_items:
                 where = item.get("file") or f"{stack}:{item['resource']}"
                 add_grouped(("edited", host, where, tuple(item["lines"])), "edited", stack, host,
-                            lambda stacks, item=item, host=host: f"edited: {_stacks_text(stacks)} on {host}: {describe(item)}")
+                            partial(_edited_line, item, host))
         if not h["drifted"] and before_items:
             add_grouped(("clean", host), "clean", stack, host,
-                        lambda stacks, host=host: f"clean: {_stacks_text(stacks)} on {host}: no drift")
+                        partial(_clean_line, host))
         if p is not None and not was_error and h["serving_here"] and p.get("serving_here") \
                 and p.get("readiness") != h["readiness"]:
             add("readiness", stack, host, f"readiness: stack {stack} on {host}: {p.get('readiness') or 'unknown'} -> "
@@ -340,7 +349,7 @@ METRICS = (
 )
 
 
-def render_prometheus(doc: dict) -> str:
+def render_prometheus(doc: dict[str, Any]) -> str:
     """The tick in Prometheus' text exposition format (node_exporter's textfile collector reads it)."""
     rows = [(s["stack"], h) for s in doc["stacks"] for h in s["hosts"]]
     values = {
@@ -367,7 +376,7 @@ def render_prometheus(doc: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def webhook_payload(doc: dict, found: list[dict]) -> dict:
+def webhook_payload(doc: dict[str, Any], found: list[dict[str, Any]]) -> dict[str, Any]:
     """What the webhook receives on a change: the changes and the tick's summary per stack and host."""
     return {"checked_at": doc["checked_at"], "changes": found,
             "status": [{"stack": s["stack"], "host": h["host"], "state": h["state"], "drifted": len(h["drifted"])}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 # Sizes are shown in decimal gigabytes, as disks are sold and `df -H` prints them.
 GB = 1_000_000_000
@@ -67,7 +67,7 @@ class FileEntry:
     # None: not known yet (a small file the Hub keeps in git; filled in by the first full verify).
     sha256: Optional[str] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         checked_path(self.path)
         if not isinstance(self.size, int) or isinstance(self.size, bool) or self.size < 0:
             raise ValueError(f"{self.path}: size {self.size!r} is not a byte count")
@@ -82,7 +82,7 @@ class Manifest:
     source: str
     files: tuple[FileEntry, ...]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         paths = [f.path for f in self.files]
         if paths != sorted(set(paths)):
             raise ValueError("manifest paths must be unique and sorted")
@@ -100,12 +100,12 @@ class Manifest:
         n = len(self.files)
         return f"{n} file{'s' if n != 1 else ''}, {gb(self.total_bytes)}, from {self.source}"
 
-    def to_props(self) -> dict:
+    def to_props(self) -> dict[str, Any]:
         """Plain data for the stack's state (a dynamic resource's outputs)."""
         return {"source": self.source, "files": [[f.path, f.size, f.sha256] for f in self.files]}
 
     @classmethod
-    def from_props(cls, props: dict) -> "Manifest":
+    def from_props(cls, props: dict[str, Any]) -> "Manifest":
         return cls(str(props["source"]), tuple(FileEntry(str(p), int(s), h) for p, s, h in props["files"]))
 
     def with_hashes(self, computed: dict[str, str]) -> "Manifest":
@@ -119,7 +119,7 @@ def _is_checkpoint_file(path: str) -> bool:
     return not (path == TOOL_DIR or path.startswith(TOOL_DIR + "/"))
 
 
-def manifest_from_listing(source: str, entries: Iterable[dict]) -> Manifest:
+def manifest_from_listing(source: str, entries: Iterable[dict[str, Any]]) -> Manifest:
     """From what VERIFY_SCRIPT printed at the source: one {"path", "size", "sha256"} a file
     (its other lines, progress and the summary, are not files). Tool files are left out."""
     files = []
@@ -133,7 +133,7 @@ def manifest_from_listing(source: str, entries: Iterable[dict]) -> Manifest:
     return Manifest(source, tuple(sorted(files, key=lambda f: f.path)))
 
 
-def manifest_from_hub(source: str, entries: Iterable[dict]) -> Manifest:
+def manifest_from_hub(source: str, entries: Iterable[dict[str, Any]]) -> Manifest:
     """From the Hub's file metadata: the tree listing (GET /api/models/<repo>/tree/<commit>?
     recursive=true: {"type", "path", "size", "oid", "lfs": {"oid", "size"}}) or model_info's
     siblings (?blobs=true: {"rfilename", "size", "blobId", "lfs": {"sha256", "size"}}). An LFS
@@ -142,7 +142,7 @@ def manifest_from_hub(source: str, entries: Iterable[dict]) -> Manifest:
     for e in entries:
         if e.get("type", "file") != "file":
             continue
-        path = e.get("path", e.get("rfilename"))
+        path: Any = e.get("path", e.get("rfilename"))  # checked by FileEntry
         lfs = e.get("lfs") or None
         if lfs:
             sha, size = lfs.get("oid", lfs.get("sha256")), lfs.get("size", e.get("size"))
@@ -171,11 +171,11 @@ class HostRead:
 
     directory: str
     exists: bool
-    files: dict = field(default_factory=dict)        # path -> Seen (tool files left out)
-    partials: dict = field(default_factory=dict)     # path -> bytes already in its partial file
-    index_shards: Optional[tuple] = None             # the shards the index names; None: no index
+    files: dict[str, Any] = field(default_factory=dict)        # path -> Seen (tool files left out)
+    partials: dict[str, Any] = field(default_factory=dict)     # path -> bytes already in its partial file
+    index_shards: Optional[tuple[Any, ...]] = None             # the shards the index names; None: no index
     index_error: Optional[str] = None
-    headers: dict = field(default_factory=dict)      # shard -> size its header declares, or an error text
+    headers: dict[str, Any] = field(default_factory=dict)      # shard -> size its header declares, or an error text
     free_bytes: Optional[int] = None                 # free space where the directory is (or would be)
 
 
@@ -216,13 +216,13 @@ class Problem:
             return f"{self.path} changed since it was verified ({self.detail}): verify again with --full"
         return f"{self.path} is unreadable: {self.detail}"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"path": self.path, "kind": self.kind, "expected": self.expected, "actual": self.actual,
                 "detail": self.detail}
 
 
 def check_copy(read: HostRead, manifest: Optional[Manifest] = None,
-               verified: Optional[dict] = None) -> list[Problem]:
+               verified: Optional[dict[str, Any]] = None) -> list[Problem]:
     """What the host's copy lacks, from a cheap read (no byte of a shard hashed).
 
     With a `manifest`: every file of it, present with its size; `verified` (path -> Seen as
@@ -277,7 +277,7 @@ def check_copy(read: HostRead, manifest: Optional[Manifest] = None,
     return sorted(first.values(), key=lambda p: p.path)
 
 
-def verify_problems(manifest: Manifest, answers: Iterable[dict]) -> list[Problem]:
+def verify_problems(manifest: Manifest, answers: Iterable[dict[str, Any]]) -> list[Problem]:
     """The full verify's verdict: VERIFY_SCRIPT's answers ({"path", "size", "sha256"} or
     {"path", "error"}) against the manifest. A file without a known SHA-256 passes on its size."""
     got = {a["path"]: a for a in answers if "path" in a}
@@ -307,7 +307,7 @@ class Repair:
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"files": [f.path for f in self.files], "bytes": self.bytes, "reason": self.reason}
 
 

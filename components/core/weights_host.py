@@ -17,7 +17,7 @@ the rehearsal host's is Debian 12's 3.11), run as ``python3 -c SCRIPT ARGS...``:
 from __future__ import annotations
 
 import re
-from typing import Optional
+from typing import Any, Optional
 
 from .reads import command
 
@@ -164,21 +164,21 @@ if __name__ == "__main__":
 PROGRESS = re.compile(r"\Averify: (\d+)/(\d+) files, ([0-9.]+)/([0-9.]+) GB, ([0-9.]+) GB/s, (\d+)s left\Z", re.ASCII)
 
 
-def read_checkpoint(directory: str) -> dict:
+def read_checkpoint(directory: str) -> dict[str, Any]:
     """The cheap read of one directory (READ_SCRIPT)."""
     return command(["python3", "-c", READ_SCRIPT, directory], purpose=f"reading the checkpoint in {directory}",
                    timeout=120, check=True)
 
 
 def verify_checkpoint(directory: str, paths: list[str], *, processes: int = 0, every: float = 5.0,
-                      timeout: float = 7200) -> dict:
+                      timeout: float = 7200) -> dict[str, Any]:
     """The full SHA-256 pass over `paths` of `directory` (VERIFY_SCRIPT); `processes` 0: one a core.
     Not checked: exit 1 names unreadable files in the answer."""
     return command(["python3", "-c", VERIFY_SCRIPT, directory, str(int(processes)), f"{every:g}", *paths],
                    purpose=f"verifying {len(paths)} files in {directory}", timeout=timeout, check=False)
 
 
-def parse_progress(line: str) -> Optional[dict]:
+def parse_progress(line: str) -> Optional[dict[str, Any]]:
     """One of VERIFY_SCRIPT's progress lines as numbers (None for any other line)."""
     m = PROGRESS.fullmatch(line.strip())
     if not m:

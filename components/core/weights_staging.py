@@ -17,7 +17,7 @@ Hosts that already hold the checkpoint feed the others and the source is not rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from .weights import gb
 
@@ -62,7 +62,7 @@ class StagingPlan:
     def source_reads(self) -> int:
         return sum(1 for link in self.links if link.origin == SOURCE)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"links": [str(link) for link in self.links], "sourceReads": self.source_reads, "reason": self.reason,
                 "refused": self.refused, "failed": list(self.failed)}
 
@@ -108,16 +108,17 @@ def _attach(holders: list[str], needing: list[str], targets: dict[str, Target], 
     """Breadth first: the holders (or, without one, the source with a single stream) feed the first
     targets, each attached target then feeds later ones, in the stack's order. With fanout 1 and
     two holders, each starts a chain of half the hosts."""
-    feeders = [[h, fanout] for h in holders] or [[SOURCE, 1]]
+    # (host, streams it may still feed)
+    feeders: list[tuple[str, int]] = [(h, fanout) for h in holders] or [(SOURCE, 1)]
     links: list[Link] = []
     for target in needing:
         while feeders[0][1] == 0:
             feeders.pop(0)
-        origin = feeders[0]
-        origin[1] -= 1
+        origin, left = feeders[0]
+        feeders[0] = (origin, left - 1)
         t = targets[target]
-        links.append(Link(target, origin[0], len(t.files), t.bytes))
-        feeders.append([target, fanout])
+        links.append(Link(target, origin, len(t.files), t.bytes))
+        feeders.append((target, fanout))
     return links
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from statistics import median
-from typing import Optional
+from typing import Any, Optional
 
 from .server_metrics import ServerSample
 
@@ -38,12 +38,13 @@ class Observation:
     itl_p50_ms: Optional[float] = None
     basis: str = ""                   # "little" | "gauges" | ""
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, doc: dict) -> "Observation":
-        return cls(**{k: doc.get(k) for k in cls.__dataclass_fields__})
+    def from_dict(cls, doc: dict[str, Any]) -> "Observation":
+        fields: dict[str, Any] = {k: doc.get(k) for k in cls.__dataclass_fields__}
+        return cls(**fields)
 
 
 def _delta(now: Optional[float], before: Optional[float]) -> Optional[float]:
@@ -104,7 +105,7 @@ class Summary:
     input_len: Optional[float]        # weighted by the requests of each tick
     output_len: Optional[float]
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def describe(self) -> str:
@@ -129,11 +130,11 @@ def _p90(values: list[float]) -> float:
 def summarize(window: list[Observation]) -> Summary:
     cs = [o.concurrency for o in window if o.concurrency is not None]
     rates = [o.request_rate for o in window if o.request_rate is not None]
-    weighted = [(o.request_rate * (o.seconds or 0), o) for o in window
+    weighted = [(o.request_rate * (o.seconds or 0), o.input_len, o.output_len) for o in window
                 if o.request_rate and o.input_len is not None and o.output_len is not None]
-    total = sum(w for w, _ in weighted)
+    total = sum(w for w, _, _ in weighted)
     span = (window[-1].at - window[0].at) if len(window) > 1 else 0.0
     return Summary(len(window), span, median(cs) if cs else None, _p90(cs) if cs else None,
                    sum(rates) / len(rates) if rates else None,
-                   sum(w * o.input_len for w, o in weighted) / total if total else None,
-                   sum(w * o.output_len for w, o in weighted) / total if total else None)
+                   sum(w * input_len for w, input_len, _ in weighted) / total if total else None,
+                   sum(w * output_len for w, _, output_len in weighted) / total if total else None)

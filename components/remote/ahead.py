@@ -111,7 +111,7 @@ def _handoff_run(hosts: list[dict]) -> Optional[tuple[tuple, str]]:
     try:
         run = handoff.cli_run()
         base = handoff.directory() if run is not None else None
-        if base is None:
+        if run is None or base is None:
             return None
         handoff.sweep(base)
         return run, base

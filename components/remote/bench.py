@@ -158,10 +158,11 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
     host = S.parse_serving(ssh.fetch(t, reads.serving()).stdout)
     serving = host.serving[0] if host.serving else None
     ours = serving is not None and serving.name == unit
-    report = remote_status._readiness(t, serving, spec["declared"]) if ours else None
+    report = remote_status._readiness(t, serving, spec["declared"]) if ours and serving is not None else None
     why = B.refusal(stack, unit, target, (serving.name, serving.stack) if serving else None, report)
     if why:
         raise B.BenchError(why)
+    assert serving is not None and report is not None  # B.refusal refused a host where the unit is not ready
 
     python = spec["python"]
     if bench.client == "rehearsal":

@@ -152,7 +152,7 @@ def _decode(value: Any, make_result: Callable[[int, str, str], Any]) -> Any:
     raise ValueError("not an encoded read")
 
 
-def seal(secret: str, run: tuple, entries: Iterable[tuple[Hashable, float, Any]]) -> bytes:
+def seal(secret: str, run: tuple, entries: Iterable[tuple[tuple[Any, ...], float, Any]]) -> bytes:
     """The file's bytes: salt, nonce, then the AES-GCM sealed JSON of (request, started, result)."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
     body = json.dumps([[list(k), started, _encode(v)] for k, started, v in entries]).encode()
@@ -196,11 +196,12 @@ class Recorder:
             rec["entries"][request] = (started, value)
             self._write(rec)
 
-    def forget_scope(self, scope: tuple) -> None:
+    def forget_scope(self, scope: Hashable) -> None:
         """Host `scope` (host, port) changed: nothing read of it before is handed on, through any
-        login (the file goes too)."""
+        login (the file goes too). A listener of the read store (ssh.prefetched), whose scopes
+        are ssh's (host, port) tuples."""
         with self._lock:
-            for key in [k for k in self._targets if tuple(k[:2]) == tuple(scope)]:
+            for key in [k for k in self._targets if tuple(k[:2]) == scope]:
                 _remove(self._targets.pop(key)["path"])
 
     @staticmethod

@@ -66,10 +66,11 @@ def _say_once(key: tuple, message: str) -> None:
 
 
 def _named(c: dict) -> str:
+    port: Any = c.get("port")
     try:
-        port = int(c.get("port"))  # a number comes back from the engine as a float
+        port = int(port)  # a number comes back from the engine as a float
     except (TypeError, ValueError):
-        port = c.get("port")
+        pass
     where = f"{c.get('user')}@{c.get('host')}:{port}"
     return f"{c['entry']} ({where})" if c.get("entry") else where
 
@@ -123,8 +124,8 @@ def check(olds: dict, news: dict) -> None:
         return
     if (str(new.get("host")), str(new.get("port"))) != (str(old.get("host")), str(old.get("port"))):
         return  # another address: the update connects there, pinned to the declared key
-    declared = ssh.key_blob(new.get("hostKey"))
-    stored = ssh.key_blob(old.get("hostKey"))
+    declared = ssh.key_blob(new.get("hostKey") or "")
+    stored = ssh.key_blob(old.get("hostKey") or "")
     entry, key_from = new.get("entry") or "gpu-serving:host", new.get("keyFrom") or "the declared hostKey"
     if declared == ssh.key_blob(presented):
         _say_once(("diff", declared, stored),
@@ -175,8 +176,10 @@ def declared_machine(c: dict) -> Optional[str]:
     entry = str(c.get("entry") or "")
     if not _declared or not entry:
         return None
-    host = _declared.get("gpu-serving:host") if isinstance(_declared.get("gpu-serving:host"), dict) else {}
+    host = _declared.get("gpu-serving:host")
+    host = host if isinstance(host, dict) else {}
     fleet = _declared.get("gpu-serving:hosts")
+    now: Any  # the entry's settings as written (a dict, checked below where it may not be)
     if entry == "gpu-serving:host":
         if fleet:
             return ""  # the stack now lists its machines in gpu-serving:hosts instead

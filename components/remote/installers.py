@@ -108,6 +108,8 @@ class CudaToolkitProvider(ResourceProvider):
     def _keyring(self, t: ssh.Target, props: dict, source: C.AptSource) -> None:
         """Put the pinned keyring at the source's signed-by path (nothing when it is there)."""
         path, pin = source.keyring, props["keyringSha256"]
+        if path is None:  # cuda.parse_apt_line refuses a line without one, and the built-in sources name theirs
+            raise ssh.RemoteError(f"the apt source {source.line} names no signed-by keyring: add [signed-by=/path]")
         current = ssh.read_file(t, path)
         if current is not None and hashlib.sha256(current).hexdigest() == pin:
             return

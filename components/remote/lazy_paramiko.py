@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 
-def _lazy_import(name: str):
-    """The module, loaded on its first attribute access (importlib's LazyLoader)."""
+def _lazy_import(name: str) -> Any:
+    """The module, loaded on its first attribute access (importlib's LazyLoader). Typed Any:
+    its attributes (paramiko.SSHClient, ...) exist only once it has loaded."""
     import importlib.util
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{name} is not installed: scripts/setup installs the requirements")
     loader = importlib.util.LazyLoader(spec.loader)
     spec.loader = loader
     module = importlib.util.module_from_spec(spec)
@@ -29,7 +33,7 @@ def _lazy_import(name: str):
 # invoke's import (asyncio, unittest.mock, yaml) was ~0.1 s of every provider process's first
 # read (docs/benchmarks.md). Marked absent, paramiko takes its own "no invoke" path; a process
 # that loaded invoke already keeps it.
-sys.modules.setdefault("invoke", None)
+sys.modules.setdefault("invoke", None)  # type: ignore[arg-type]  # None there: "never import it" (importlib)
 paramiko = _lazy_import("paramiko")
 # paramiko's transport thread logs a connection it gives up (a host that sends no SSH banner) with
 # its traceback, which lands on the provider's stderr and so in the engine's output (issue 36.12);

@@ -15,7 +15,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 from ..core.ledger import Failure
@@ -84,7 +84,7 @@ class FileLedger:
     def list(self, stack: Optional[str] = None) -> list[Failure]:
         return [f for f in self._read() if stack is None or f.stack == stack]
 
-    def clear(self, ids: Optional[list[str]] = None, stack: Optional[str] = None) -> int:
+    def clear(self, ids: Optional[Sequence[str]] = None, stack: Optional[str] = None) -> int:
         """Remove the entries named by id, or a stack's, or (neither) all; returns how many."""
         with self._locked():
             entries = self._read()
@@ -132,7 +132,7 @@ class PostgresLedger:
                                 (stack, stack)).fetchall()
         return [Failure.from_dict({**entry, "id": str(i)}) for i, entry in rows]
 
-    def clear(self, ids: Optional[list[str]] = None, stack: Optional[str] = None) -> int:
+    def clear(self, ids: Optional[Sequence[str]] = None, stack: Optional[str] = None) -> int:
         numbers = None if ids is None else [int(i) for i in ids if str(i).isdigit()]
         with self._connection() as conn:
             cur = conn.execute(f"DELETE FROM {TABLE} WHERE (%s::bigint[] IS NULL OR id = ANY(%s::bigint[])) "

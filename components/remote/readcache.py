@@ -77,7 +77,8 @@ class ReadCache:
         self._changing: dict[Hashable, int] = {}
         self._activity: dict[Hashable, int] = {}
         self._window: dict[Hashable, float] = {}
-        self._queues: dict[Hashable, deque] = {}
+        # per scope: the jobs waiting, each its entries (key -> entry) and the read that fills them
+        self._queues: dict[Hashable, deque[tuple[dict[Hashable, _Entry], Callable[[], Any]]]] = {}
         self._running: dict[Hashable, int] = {}
         self.stats = {"queued": 0, "stored": 0, "served": 0, "discarded": 0, "seeded": 0}
         self._listeners: list[Callable[[Hashable], None]] = []

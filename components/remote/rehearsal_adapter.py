@@ -52,7 +52,7 @@ def host_record(name: str) -> Optional[dict]:
 
 def addresses() -> dict[str, str]:
     """Every running rehearsal host's address by name."""
-    out = {}
+    out: dict[str, str] = {}
     try:
         names = os.listdir(RUN)
     except OSError:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import base64
 from typing import Any, Mapping, Optional
 
-from ..core import dropins, reads, switch
+from ..core import dropins, reads
 from ..core import readiness as R
 from ..core import status as S
 from ..core.facts import parse_systemctl_show, split_sections
+from ..core import unit as unit_files
 from ..core.specs import ServiceSpec
 from . import ssh
 
@@ -102,7 +103,7 @@ def read_live(t: ssh.Target, spec: ServiceSpec, props: Mapping[str, Any]) -> Opt
                             "runningServer": running(spec, state, sections)}
     # Drop-ins of the unit (`systemctl edit`): hand edits, drift until an up removes them. The
     # key only when there are some, so a state without any reads as before.
-    drop_ins = switch.own_drop_ins(spec.unit, state.get("DropInPaths", ""))
+    drop_ins = unit_files.own_drop_ins(spec.unit, state.get("DropInPaths", ""))
     if drop_ins:
         live["dropIns"] = drop_ins
     # Every other drop-in systemd applies (a package's under /usr/lib) and the environment it

@@ -485,7 +485,7 @@ def prefetch(t: Target, requests: list[dict]) -> int:
                     order.append(("file", what))
                 if op not in files[what]:
                     files[what].append(op)
-        jobs = []
+        jobs: list[readcache.Job] = []
         for item in order:
             if item[0] == "run":
                 _, command, timeout = item

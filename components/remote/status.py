@@ -234,7 +234,7 @@ def project_status(project_dir: Path, only: Optional[str] = None, stacks: Option
 def _declare_router(routers: dict[tuple, dict], checked: CheckedStack, stack: str, project_dir: Path) -> None:
     """The fleet's router, once however many strategy stacks declare it, with the hosts behind it."""
     settings = checked.settings
-    r = settings.router
+    r = settings.declared_router
     places = dict(settings.per_host())
     runs_on = places[r.runs_on].host.machine if r.runs_on and r.runs_on in places else None
     key = (runs_on or (r.host.machine if r.host else ""), r.port)

@@ -32,6 +32,7 @@ from typing import Any, Callable, Mapping, Optional
 from ..core import readiness as R
 from ..core import switch
 from ..core.specs import ServiceSpec
+from ..core.switch import SwitchPlan
 from . import host_lock, probe, service_state, ssh
 from . import router as router_roll
 from .common import progress
@@ -196,7 +197,7 @@ class Switch:
                 progress(f"{who}{self.unit}: {plan.progress}")
         return self._run_all() if self.multi else self._run_one()
 
-    def _plan(self, node: Node, restart: bool) -> switch.SwitchPlan:
+    def _plan(self, node: Node, restart: bool) -> SwitchPlan:
         units, holder = managed(node.t, self.unit, self.spec.port)
         return switch.plan(self.unit, units, restart=restart, active=self.spec.active, enabled=self.spec.enabled,
                            port_holder=holder, port=self.spec.port, host=node.where if self.multi else node.t.label)
@@ -292,7 +293,8 @@ class Switch:
             if last["said"][0] == "every rank joined" or (last["at"] is not None and now - last["at"] < RANK_LOOK_SECONDS):
                 return last["said"][1]
             last["at"] = now
-            waiting, gone = [], []
+            waiting: list[str] = []
+            gone: list[str] = []
             for k in range(1, len(nodes)):
                 state, joined = probe.rank_look(nodes[k].t, unit)
                 if joined:
