@@ -127,9 +127,8 @@ def test_the_notice_is_said_once_per_run_and_never_without_text(monkeypatch):
 
 
 def test_the_hook_says_it_for_a_planned_switch_only_with_secret_inputs_unwrapped(monkeypatch):
-    import asyncio
-
     import pulumi
+    import pulumi.runtime.sync_await
     said: list[str] = []
     monkeypatch.setattr("pulumi.log.info", lambda text, *a, **k: said.append(text))
     notice = SwitchNotice("rolling switch")
@@ -139,10 +138,14 @@ def test_the_hook_says_it_for_a_planned_switch_only_with_secret_inputs_unwrapped
         # Secret inputs reach a hook as Outputs (made here, in the loop that awaits them).
         new_inputs = {**serving, "configHash": pulumi.Output.secret(new_hash), "connection": {"host": "b"}}
         await notice.maybe_say(pulumi.ResourceHookArgs(urn="u", id="i", name="n", type="t", old_outputs=old_outputs, new_inputs=new_inputs))
+    # On the thread's event loop, as the SDK runs a program (not asyncio.run's loop of its own,
+    # which it closes: the Outputs made in it stay in the SDK's bookkeeping, and a program run
+    # under mocks later in the same process crashed in the interpreter on them).
+    loop = pulumi.runtime.sync_await._ensure_event_loop()
     # The no-op update (a changed connection): silent, the secret configHash compared by value.
-    asyncio.run(call(serving, "h1"))
+    loop.run_until_complete(call(serving, "h1"))
     assert said == []
-    asyncio.run(call(serving, "h2"))
+    loop.run_until_complete(call(serving, "h2"))
     assert said == ["rolling switch"]
 
 
