@@ -12,6 +12,7 @@ from pulumi.dynamic import Resource
 
 from .core.config import StackSettings, VenvSettings
 from .core.errors import ConfigError, SettingError
+from .core.specs_install import LocalFiles, VenvSpec
 from .core.venv import (
     DIST_SUFFIXES,
     INSTALL_TIMEOUT,
@@ -41,9 +42,9 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def wheelhouse_props(venv: VenvSettings) -> Optional[dict]:
-    """{localDir, files: {name: sha256}, remoteDir} for the provider, or None (packages from the
-    host's index). Raises ConfigError naming the setting."""
+def wheelhouse_of(venv: VenvSettings) -> Optional[LocalFiles]:
+    """The wheels pushed to the host (each with its sha256), or None (packages from the host's
+    index). Raises ConfigError naming the setting."""
     setting = venv.wheelhouse
     if setting is None:
         return None
@@ -68,13 +69,13 @@ def wheelhouse_props(venv: VenvSettings) -> Optional[dict]:
     problems = wheelhouse_problems(list(venv.packages), [f.name for f in files], where)
     if problems:
         raise ConfigError(problems)
-    return {"localDir": str(local), "files": {f.name: _sha256(f) for f in files}, "remoteDir": WHEELHOUSE_DIR}
+    return LocalFiles(local_dir=str(local), files={f.name: _sha256(f) for f in files}, remote_dir=WHEELHOUSE_DIR)
 
 
 def install_props(venv: VenvSettings) -> dict:
     """The provider's inputs for the declared venv (without the connection)."""
-    return {"path": venv.path, "python": venv.python, "packages": list(venv.packages),
-            "wheelhouse": wheelhouse_props(venv), "installTimeout": INSTALL_TIMEOUT}
+    return VenvSpec(path=venv.path, python=venv.python, packages=tuple(venv.packages), wheelhouse=wheelhouse_of(venv),
+                    install_timeout=INSTALL_TIMEOUT).to_props()
 
 
 class _VenvInstall(Resource, module=MODULE, name="PythonVenvInstall"):
