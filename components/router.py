@@ -5,13 +5,13 @@ the serving units' (RemoteFile), and started by RouterServiceProvider. The pure 
 components/core/router.py, the admin API calls in components/remote/router.py."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
 import pulumi
 
 from .core import router as R
+from .core.cache import cache_root
 from .core.config import RouterSettings, StackSettings
 from .core.errors import ConfigError, SettingError
 from .core.specs import file_spec
@@ -32,7 +32,7 @@ def local_wheelhouse(router: RouterSettings) -> Path:
     if router.wheelhouse:
         local = Path(router.wheelhouse).expanduser()
         return local if local.is_absolute() else Path.cwd() / local
-    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving") / "router" / "wheelhouse"
+    return cache_root() / "router" / "wheelhouse"
 
 
 def wheelhouse_of(router: RouterSettings) -> LocalFiles:

@@ -3,7 +3,6 @@ components/remote/installers.py installs). The wheelhouse is read here, on this 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +11,7 @@ from pulumi.dynamic import Resource
 
 from .core.config import StackSettings, VenvSettings
 from .core.errors import ConfigError, SettingError
+from .core.cache import cache_root
 from .core.specs_install import LocalFiles, VenvSpec
 from .core.venv import (
     DIST_SUFFIXES,
@@ -30,10 +30,6 @@ from .remote.installers import PythonVenvProvider
 # The component
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving")
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -50,7 +46,7 @@ def wheelhouse_of(venv: VenvSettings) -> Optional[LocalFiles]:
         return None
     if setting == REHEARSAL:
         try:
-            files = [rehearsal_adapter.engine_wheel(_cache())]
+            files = [rehearsal_adapter.engine_wheel(cache_root())]
             local = files[0].parent
         except Exception as exc:  # the message is what to fix
             raise ConfigError([SettingError("gpu-serving:venv.wheelhouse", f"building the rehearsal engine wheel failed: {exc}")]) from None
