@@ -20,6 +20,7 @@ from ..core.errors import ConfigError
 from ..core.plan import check_stack, load_stack_config
 from ..core.stack_config import from_files, stack_names
 from ..core.strategy import layout_of
+from ..remote.ledger_store import warnings_before_stack
 
 
 def add_parser(sub) -> None:
@@ -91,6 +92,20 @@ def _stack_layouts(project_dir: Path, advised=None) -> dict:
     return layouts
 
 
+def _ledger(project_dir: Path, stacks: list[str]) -> dict[str, list[str]]:
+    """The failure ledger's warnings before each stack's start, as `plan` says them (a stack the
+    program refuses starts nothing: its refusal is said instead)."""
+    out = {}
+    for name in stacks:
+        try:
+            warnings = warnings_before_stack(check_stack(name, from_files(project_dir, name), project_dir))
+        except ConfigError:
+            continue
+        if warnings:
+            out[name] = warnings
+    return out
+
+
 def _workload(args, settings) -> tuple[A.Workload, str]:
     """The flags' workload, the stack's benchmark settings for what they leave out."""
     b = settings.benchmark
@@ -129,6 +144,7 @@ def run(args) -> int:
         check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir)
     except ConfigError as exc:
         advice.stack_refused = list(exc.errors)
+    advice.ledger = _ledger(args.project_dir, [o.name for o in advice.own])
     if args.json:
         json.dump(report.as_dict(advice), sys.stdout, indent=2)
         print()

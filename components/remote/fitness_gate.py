@@ -8,22 +8,24 @@ Unknown is never refused: a host without a baseline, or whose GPUs could not be 
 read's problem is said as a warning)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Sequence
 
 from ..core import fitness_read, reads
+from ..core.specs import ServiceSpec
+from ..core.switch import SwitchPlan
 from . import ssh
 from .common import host_name, progress
 
-if TYPE_CHECKING:
-    from .switch_executor import Switch
 
 
-def before_stop(switch: "Switch") -> None:
+
+def before_stop(spec: ServiceSpec, nodes: Sequence[Any], plans: Sequence[SwitchPlan]) -> None:
     """Raise ssh.RemoteError (the refusal, "Nothing was stopped") when `readiness.fitness` is
-    refuse and a node that starts drifted from its baseline; say the warning otherwise."""
-    policy = switch.spec.readiness.fitness
+    refuse and a node that starts drifted from its baseline; say the warning otherwise. `nodes`:
+    the switch's (switch_executor.Node: t, spec, props), `plans` each node's."""
+    policy = spec.readiness.fitness
     refusals = []
-    for node, plan in zip(switch.nodes, switch.plans):
+    for node, plan in zip(nodes, plans):
         if plan.starts is None:
             continue  # nothing starts here: nothing to decide
         try:
@@ -33,7 +35,7 @@ def before_stop(switch: "Switch") -> None:
             continue
         for problem in read.problems:
             progress(f"{node.spec.who}warning: fitness: {problem}")
-        refusal, warning = read.verdict(policy, host_name(node.props, node.t), switch.spec.stack or switch.unit)
+        refusal, warning = read.verdict(policy, host_name(node.props, node.t), spec.stack or spec.unit)
         if refusal:
             refusals.append(refusal)
         elif warning:

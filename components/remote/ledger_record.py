@@ -10,7 +10,7 @@ be reached is one more line of the message.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..core import ledger
 from ..core import readiness as R
@@ -19,8 +19,7 @@ from . import ssh
 from .common import host_name
 from .ledger_store import backend_url, store_for
 
-if TYPE_CHECKING:
-    from .switch_executor import Switch
+
 
 # (stack, unit, hosts entry) -> the ExecStart of the stack's last start that was ready, as the
 # service's state held it when this run's update began.
@@ -45,25 +44,24 @@ def _host_side(t: ssh.Target, start: list[str]) -> tuple[dict[str, Any], str]:
     return ledger.parse_failed_start(out.stdout)
 
 
-def record(switch: "Switch", status: str, culprit: int, journal: str, served_again: bool) -> str:
-    """Record the failed start of `switch` (the node `culprit` explains it, `journal` its tail,
-    already free of secrets); returns the line the failure's message ends with: the entry, or why
-    it was not recorded."""
-    node = switch.nodes[culprit]
+def record(spec: ServiceSpec, node: Any, status: str, journal: str, served_again: bool) -> str:
+    """Record the failed start of `spec` (`node`: the switch_executor.Node that explains it, with
+    t, spec and props; `journal` its tail, already free of secrets); returns the line the failure's
+    message ends with: the entry, or why it was not recorded."""
     start = node.spec.argv
     try:
         try:
             facts, sglang = _host_side(node.t, start)
         except ssh.RemoteError:
             facts, sglang = {}, ""  # the signature without them: a host that failed may not answer
-        failure = ledger.signature(stack=switch.spec.stack or switch.unit, host=host_name(node.props, node.t),
+        failure = ledger.signature(stack=spec.stack or spec.unit, host=host_name(node.props, node.t),
                                    outcome=status if served_again else ledger.ROLLBACK_FAILED, argv=start, journal=journal,
-                                   model=ledger.model_of(start), last_good_argv=_LAST_GOOD.get(_key(switch.spec)),
+                                   model=ledger.model_of(start), last_good_argv=_LAST_GOOD.get(_key(spec)),
                                    facts=facts, sglang_version=sglang)
         store = store_for(backend_url())
         stored = store.add(failure)
     except Exception as exc:  # noqa: BLE001 - the ledger never changes what the failure says
-        return f"\nThe failure ledger could not record this start: {ssh.redact(str(exc), switch.spec.secrets)[:300]}"
+        return f"\nThe failure ledger could not record this start: {ssh.redact(str(exc), spec.secrets)[:300]}"
     changed = f"; changed since the last good start: {'; '.join(stored.flags_changed)}" if stored.flags_changed else ""
     return (f"\nRecorded in the failure ledger as entry {stored.id} ({stored.error}{changed}): `plan` and `preview` "
             f"of these flags warn before the next start (`python -m components ledger` lists it; "

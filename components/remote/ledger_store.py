@@ -15,10 +15,13 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
 from ..core.ledger import Failure, warnings_for
+
+if TYPE_CHECKING:
+    from ..core.plan import CheckedStack
 
 TABLE = "gpu_serving_failures"
 LEDGER_FILE = "gpu-serving-failures.jsonl"
@@ -185,3 +188,12 @@ def warnings_before_start(argv: list[str], *, gpu_model: str = "", url: Optional
     if problem:
         return [f"the failure ledger was not read, so a start that failed before is not named: {problem}"]
     return warnings_for(failures, argv=argv, gpu_model=gpu_model)
+
+
+def warnings_before_stack(checked: "CheckedStack") -> list[str]:
+    """`warnings_before_start` for a checked stack (`plan`, `advise`): its start on each host,
+    each warning once however many hosts would start it."""
+    out: list[str] = []
+    for _, plan in checked.plans:
+        out += [w for w in warnings_before_start(plan.unit.exec_start, once=True) if w not in out]
+    return out

@@ -195,7 +195,7 @@ class Switch:
             if plan.progress:
                 who = f"hosts[{node.name}] " if self.multi else node.spec.who
                 progress(f"{who}{self.unit}: {plan.progress}")
-        fitness_gate.before_stop(self)  # readiness.fitness: refused here, nothing has stopped
+        fitness_gate.before_stop(self.spec, self.nodes, self.plans)  # readiness.fitness: refused here, nothing has stopped
         return self._run_all() if self.multi else self._run_one()
 
     def _plan(self, node: Node, restart: bool) -> SwitchPlan:
@@ -335,7 +335,7 @@ class Switch:
         else:
             message, failed = self._message_one(status, reason, back[0], judged.get(0), restored.get(0, []), journal)
         message = ssh.redact(message, secrets)
-        message += ledger_record.record(self, status, k, journal, served_again=not failed)  # the team's memory of it
+        message += ledger_record.record(self.spec, self.nodes[k], status, journal, served_again=not failed)  # the team's memory
         if failed:
             # Nothing serves: the service records it (its outputs say so) and FailedSwitch fails the run.
             report = report or R.Report(status=status, unit=unit, url="", checked_at=probe.now_iso())
