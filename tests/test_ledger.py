@@ -134,3 +134,13 @@ def test_plan_preview_and_advise_say_the_same_words(tmp_path, monkeypatch, capsy
     # A serving unit whose update starts nothing: no warning (no start to warn of).
     preview.before_change({**news, "runningServer": "as declared", "configHash": "x"}, {**news, "configHash": "x"})
     assert "this layout" not in capsys.readouterr().err
+
+
+def test_a_failed_starts_host_read():
+    """FAILED_START_SCRIPT's answer: nvidia-smi's query (a line a GPU) and SGLang's version.py (as
+    python/sglang/version.py holds it), read after the failure for the signature."""
+    answer = ("NVIDIA H200, 580.95.05\nNVIDIA H200, 580.95.05\n@@sglang\n__version__ = \"0.5.23\"\n")
+    assert L.parse_failed_start(answer) == ({"gpu_models": ["NVIDIA H200"], "driver_version": "580.95.05"}, "0.5.23")
+    assert L.parse_failed_start("@@sglang\n") == ({"gpu_models": [], "driver_version": ""}, "")  # nothing answered
+    assert L.venv_of(ARGV) == "/root/venv_sglang211" and L.venv_of(["python3", "-m", "x"]) == ""
+    assert L.model_of(ARGV) == "kimi-k2.6" and L.model_of(["/v/bin/python", "--model-path", "/models/ds-v3/"]) == "ds-v3"

@@ -72,7 +72,7 @@ class Host:
         if argv[:2] == ["sh", "-c"] and argv[2] == ledger.FAILED_START_SCRIPT:
             self.reads.append(f"failed start {argv[4]}")
             return 0, (b"NVIDIA H200, 580.95.05\nNVIDIA H200, 580.95.05\n@@sglang\n"
-                       b"/opt/venv/lib/python3.11/site-packages/sglang-0.5.23.dist-info\n"), b""
+                       b"__version__ = \"0.5.23\"\n"), b""
         if argv[0] == "journalctl":
             return 0, self.journal, b""
         if argv[:2] == ["systemctl", "show"]:

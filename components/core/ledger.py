@@ -158,11 +158,12 @@ def model_of(argv: list[str]) -> str:
 
 # What a failed start's signature needs from its host beyond the journal, in one round trip after
 # the failure (never on the way to a start): the GPU model and driver (nvidia-smi's query), and the
-# SGLang the venv holds (its dist-info directory's name: no Python started). $1: the venv.
+# SGLang the venv imports (its package's version.py, where SGLang keeps `__version__`: no Python
+# started, and whatever distribution installed it). $1: the venv.
 FAILED_START_SCRIPT = r"""
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
 echo @@sglang
-ls -d "$1"/lib/python3*/site-packages/sglang-*.dist-info 2>/dev/null
+cat "$1"/lib/python3*/site-packages/sglang/version.py 2>/dev/null
 """
 
 
@@ -183,7 +184,7 @@ def parse_failed_start(text: str) -> tuple[dict[str, Any], str]:
         if name.strip() and version.strip():
             models.add(name.strip())
             driver = driver or version.strip()
-    found = re.search(r"/sglang-([^/\s]+)\.dist-info\s*$", tail.strip().splitlines()[0] if tail.strip() else "")
+    found = re.search(r"^__version__\s*=\s*[\"']([^\"'\s]+)[\"']", tail, re.M)
     return {"gpu_models": sorted(models), "driver_version": driver}, (found.group(1) if found else "")
 
 
