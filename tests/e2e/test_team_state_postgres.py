@@ -280,7 +280,7 @@ def test_a_failed_start_through_postgres_is_seen_by_a_second_checkout(d, server,
     assert serving_one(d) == serving
     rows = server.psql("SELECT stack || ' ' || (entry->>'error_class') FROM gpu_serving_failures WHERE stack = 'oom'",
                        database=server.url.rsplit("/", 1)[1].split("?")[0])
-    assert rows.split("\n") == ["oom out-of-memory"], rows
+    assert rows.split() == ["oom", "out-of-memory"], rows
 
     # A teammate's checkout: its own copy of the project and no state of its own.
     other = make_deployment(tmp_path, d.host, name="teammate")
