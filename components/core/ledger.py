@@ -184,7 +184,7 @@ def parse_failed_start(text: str) -> tuple[dict[str, Any], str]:
         if name.strip() and version.strip():
             models.add(name.strip())
             driver = driver or version.strip()
-    found = re.search(r"^__version__\s*=\s*[\"']([^\"'\s]+)[\"']", tail, re.M)
+    found = re.search(r"^__version__\s*=\s*[\"']([^\"'\s]+)[\"']", tail, re.M | re.ASCII)
     return {"gpu_models": sorted(models), "driver_version": driver}, (found.group(1) if found else "")
 
 

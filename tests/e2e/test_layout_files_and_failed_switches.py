@@ -229,7 +229,7 @@ def test_a_crashed_stack_is_in_the_ledger_and_the_next_plan_and_preview_warn(dep
     assert f"Recorded in the failure ledger as entry {entry['id']} (CUDA out of memory while loading the weights)" in text
     assert (entry["stack"], entry["host"], entry["outcome"], entry["error_class"]) == \
         ("oom", d.host.name, "crashed_during_load", "out-of-memory")
-    assert entry["journal_line"].startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"), entry  # SGLang's prefix left out
+    assert entry["journal_line"].startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"), entry
     assert entry["layout"] == "tp 8 x pp 1 (ep 8, dp 1)" and entry["model_path"] == MODEL and entry["driver_version"]
     assert entry["gpu_model"].startswith("NVIDIA ") and "rehearsal" in entry["sglang_version"], entry
     assert (d.project / ".." / "state" / "gpu-serving-failures.jsonl").resolve().exists()  # beside the file backend
