@@ -283,10 +283,10 @@ def test_the_projects_stacks_are_labelled_and_a_refused_stack_exits_non_zero(tmp
     assert "STACK dpep IS REFUSED by plan, preview and up (1 problem(s)); the layouts below are for its host:" in out
     assert "  gpu-serving:strategy.moeA2aBackend: the deepep all-to-all needs NVLink between GPUs" in out
     assert re.search(r"^  tp8-ep8-deepep .*needs NVLink.*\(stack dpep\)$", out, re.M), out
-    assert re.search(r"^  dpep +\(the stack advised for\) REFUSED: tp 8, pp 1, ep 8, dp 1, a2a deepep: "
+    assert re.search(r"^  dpep +\(the stack advised for\) REFUSED: tp 8 x pp 1 \(ep 8, dp 1, all-to-all deepep\): "
                      r"gpu-serving:strategy.moeA2aBackend: the deepep all-to-all needs NVLink", out, re.M), out
     assert re.search(r"^  broken +cannot be read: gpu-serving:strategy.tpSize", out, re.M), out
-    assert re.search(r"^  ep8 +valid: tp 8, pp 1, ep 8, dp 1$", out, re.M), out
+    assert re.search(r"^  ep8 +valid: tp 8 x pp 1 \(ep 8, dp 1\)$", out, re.M), out
     assert main(["advise", "--stack", "ep8", *base, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["stack_refused"] == []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..core import pd_switch
 from ..core.errors import ConfigError
+from ..core.layout_words import layout_text
 from ..core.plan import PD_NOT_DEPLOYED, CheckedStack, ServingPlan, check_stack
 from ..core.stack_config import from_files
 from ..remote import ledger_store, rehearsal_adapter
@@ -27,9 +28,7 @@ def _print_plan(plan: ServingPlan) -> None:
     d = plan.as_dict()
     L, m = d["layout"], plan.memory
     print(f"stack {d['stack']}: strategy {d['strategy']} for {d['model']['name']} on {d['host']['address']}")
-    print(f"  layout       tp {L['tp_size']} x pp {L['pp_size']} (ep {L['ep_size']}, dp {L['dp_size']}"
-          f"{', dp-attention' if L['enable_dp_attention'] else ''}) = world size {d['world_size']} of {d['host']['gpu_count']} GPUs;"
-          f" moe_tp {L['moe_tp_size']}, attn_tp {L['attn_tp_size']}")
+    print(f"  layout       {layout_text(L, detail=True)} = world size {d['world_size']} of {d['host']['gpu_count']} GPUs")
     print(f"  memory/GPU   {m.gpu_memory_gb:g} GB x {m.mem_fraction_static:g} = {m.static_budget_gb} GB for weights + KV pool")
     for s in m.stages:
         print(f"    stage {s.stage}: {s.layers} layers, weights {s.weights_gb} GB, KV pool {s.kv_pool_gb} GB,"

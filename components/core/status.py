@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from .changes import environment_changes, flag_changes
 from .facts import SHOW_OPTIONS
+from .layout_words import layout_text
 from .readiness import flag_groups
 from .unit import MANAGED_UNITS_GREP, MARKER_KEY, ROUTED_KEY, UNIT_DIR, own_drop_ins
 
@@ -176,8 +177,7 @@ def layout_of_argv(argv: list[str]) -> dict[str, Any]:
 def describe_layout(layout: Optional[dict[str, Any]]) -> str:
     if not layout:
         return "layout unknown (no process)"
-    text = f"tp {layout.get('tp_size')} x pp {layout.get('pp_size')} (ep {layout.get('ep_size')}, dp {layout.get('dp_size')}"
-    return text + (", dp-attention)" if layout.get("enable_dp_attention") else ")")
+    return layout_text(layout)
 
 
 def describe_uptime(seconds: Optional[float]) -> str:

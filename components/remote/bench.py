@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from ..core import bench as B
+from ..core.cache import cache_root
 from ..core import reads
 from ..core import status as S
 from ..core.plan import check_stack, declared_layout
@@ -29,7 +30,7 @@ from ..core.facts import FactError, parse_facts
 from ..core.fitness import with_venv_nccl
 from ..core.fitness_baseline import BASELINE_FILE, baseline_document
 from ..core.venv import distribution_of, normalize, parse_venv_probe
-from . import identity, ssh
+from . import identity, rehearsal_adapter, ssh
 from . import status as remote_status
 from .common import changed as _changed
 from .common import progress as _progress
@@ -37,19 +38,13 @@ from .common import require_target as _require_target
 from .common import resource_id
 from .installers import sync_files
 
-REPO = Path(__file__).resolve().parents[2]
-CLIENT_REQUIREMENTS = REPO / "rehearsal" / "bench_client.txt"
 PIP_TIMEOUT = 1800
-
-
-def _cache() -> Path:
-    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving")
 
 
 def local_client_wheels(specs: list[str], progress: Callable[[str], None]) -> dict[str, Path]:
     """The client's wheels on this machine: the cache, filled by `pip download` (this machine's
     pip cache or PyPI) for the pins it does not have yet. {file name: path}."""
-    cache = _cache() / "bench-client" / "wheels"
+    cache = cache_root() / "bench-client" / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
 
     def have() -> dict[tuple[str, str], Path]:
@@ -84,7 +79,7 @@ def local_client_wheels(specs: list[str], progress: Callable[[str], None]) -> di
 def install_rehearsal_client(t: ssh.Target, python: str, progress: Callable[[str], None]) -> None:
     """Push the pinned client wheels and install them (no index, no dependency resolution) into
     their own directory; skipped when that directory already holds exactly these pins."""
-    specs = B.parse_requirements(CLIENT_REQUIREMENTS.read_text())
+    specs = B.parse_requirements(rehearsal_adapter.bench_client_requirements())
     digest = hashlib.sha256("\n".join(specs).encode()).hexdigest()
     marker = ssh.read_file(t, f"{B.CLIENT_DIR}/{B.CLIENT_MARKER}")
     if marker is not None and marker.decode(errors="replace").strip() == digest:
