@@ -12,7 +12,7 @@ from ..core.errors import ConfigError
 from ..core.layout_words import layout_text
 from ..core.plan import PD_NOT_DEPLOYED, CheckedStack, ServingPlan, check_stack
 from ..core.stack_config import from_files
-from ..remote import rehearsal_adapter
+from ..remote import ledger_store, rehearsal_adapter
 
 
 def add_parser(sub) -> None:
@@ -150,10 +150,11 @@ def run(args) -> int:
         else:
             _print_switch(before, plan)
         return 0
+    ledger = ledger_store.warnings_before_stack(checked)
     if args.json:
         out = plan.as_dict()
         out["secrets"] = {f"gpu-serving:{name}": "(secret, not shown)" for name in checked.secrets}
-        out["warnings"] = list(dict.fromkeys(out["warnings"] + checked.warnings))
+        out["warnings"] = list(dict.fromkeys(out["warnings"] + checked.warnings + ledger))
         if plans[0][0]:
             out["hosts"] = [{"name": n, **p.as_dict()["host"], "memory": p.memory.as_dict()} for n, p in plans]
         if checked.pd is not None:
@@ -168,4 +169,6 @@ def run(args) -> int:
     if checked.pd is not None:
         _print_pd(checked.pd)
     _print_checked(checked)
+    for w in ledger:
+        print(f"warning        {w}")
     return 0

@@ -28,6 +28,7 @@ from ..core.plan import check_stack, declared_layout
 from ..core.stack_config import from_files
 from ..core.facts import FactError, parse_facts
 from ..core.fitness import with_venv_nccl
+from ..core.fitness_baseline import BASELINE_FILE, baseline_document
 from ..core.venv import distribution_of, normalize, parse_venv_probe
 from . import identity, rehearsal_adapter, ssh
 from . import status as remote_status
@@ -204,7 +205,25 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
                  client_module=found["module"], server_version=server_version, rehearsal=rehearsal, started=started,
                  finished=datetime.now(timezone.utc), settings=bench, levels=summaries, fitness=fitness)
     (out_dir / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if fitness:
+        keep_baseline(t, stack, f"{stack}/{out_dir.name}", started, spec["hostLabel"], fitness, progress)
     return out_dir, doc
+
+
+def keep_baseline(t: ssh.Target, stack: str, run: str, started: datetime, host: str, fitness: dict,
+                  progress: Callable[[str], None]) -> None:
+    """The run's fitness as the host's baseline (core/fitness_baseline.py), kept on the host where
+    every checkout's drift check and switch read it; a host that refuses the write keeps its old
+    baseline, and the run its figures (said, never a failure of the run)."""
+    try:
+        ssh.run(t, ["mkdir", "-p", "--", BASELINE_FILE.rsplit("/", 1)[0]], purpose="creating /var/lib/gpu-serving", timeout=60)
+        ssh.write_file(t, BASELINE_FILE, baseline_document(stack=stack, run=run, date=started.isoformat(timespec="seconds"),
+                                                           host=host, fitness=fitness).encode(), 0o644)
+    except ssh.RemoteError as exc:
+        progress(f"bench {stack}: warning: the host's fitness baseline was not written ({exc}): the drift check and "
+                 f"readiness.fitness still compare with the one before")
+        return
+    progress(f"bench {stack}: the host's fitness is now its baseline ({BASELINE_FILE}): the drift check compares with it")
 
 
 # ---------------------------------------------------------------------------------------
