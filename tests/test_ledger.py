@@ -121,7 +121,7 @@ def test_plan_preview_and_advise_say_the_same_words(tmp_path, monkeypatch, capsy
     assert main(["advise", "--stack", "tp8", "--project-dir", str(root), "--results", str(tmp_path / "none")]) == 0
     advised = capsys.readouterr().out
     # Under ep8 among the project's stacks (tp8, advised for, and pp8 say nothing).
-    assert f"\n  ep8          valid: tp 8, pp 1, ep 8, dp 1\n    warning: {said}\n  pp8 " in advised, advised[-3000:]
+    assert f"\n  ep8          valid: tp 8 x pp 1 (ep 8, dp 1)\n    warning: {said}\n  pp8 " in advised, advised[-3000:]
     assert advised.count("this layout with these flags") == 1
 
     # The preview: the service's check of a stack whose start is coming (nothing of it serves).
