@@ -42,6 +42,7 @@ class ApplyTick:
     section: dict = field(default_factory=dict)    # status.json's "autoswitch"
     changes: list = field(default_factory=list)    # the watch's change entries (already logged)
     prometheus: str = ""
+    switched: Optional[tuple] = None               # (stack, hosts, when) of a switch this tick completed
 
 
 @contextmanager
@@ -144,6 +145,8 @@ def _apply(project_dir: Path, doc: dict, traffic, before: Optional[dict], path: 
             error = up(project_dir, rec.recommended, log)
             record["switch"].update({"finished": time.time(), "ok": error is None, "error": error})
             say("finished", record, AP.finished_line(record))
+            if error is None:
+                out.switched = (rec.recommended, list(group["hosts"]), record["switch"]["finished"])
     if changed:
         atomic_write(path, AP.render_log(records))
 

@@ -140,3 +140,19 @@ def tick(project_dir: Path, stacks: list[str], doc: dict, before: Optional[dict]
     out.changes = T.changes((before or {}).get("traffic"), out.doc)
     out.prometheus = T.render_prometheus(out.doc)
     return out
+
+
+def after_switch(project_dir: Path, stack: str, hosts: list[str], traffic: dict, at: float,
+                 log: Callable[[str], None] = print) -> None:
+    """The first samples of the stack a switch just started, kept in `traffic` (status.json's)
+    as its group, so the next tick already observes it (and measures the switch) rather than
+    only sampling it: its servers' counters began with their start."""
+    try:
+        auto = autoswitch.parse(from_files(project_dir, stack).values.get(f"{NAMESPACE}:{AUTOSWITCH_KEY}"))
+        samples, errors, router, _ = read_group(project_dir, stack, hosts)
+    except (ConfigError, ValueError) as exc:
+        log(f"watch: traffic of stack {stack} not read after the switch: {exc}")
+        return
+    group = T.group_doc(None, stack, hosts, samples, auto.observe_minutes * 60, errors, router)
+    group["serving_since"] = at
+    traffic["groups"] = [g for g in traffic.get("groups", []) if g["stack"] != stack] + [group]

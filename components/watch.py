@@ -138,11 +138,14 @@ def tick(project_dir: Path, stacks: list[str], state_dir: Path, webhook: Optiona
     doc = W.tick_document(results, status, checked_at=datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
                           checked_at_seconds=now, errors_before=int((before or {}).get("check_errors_total", 0)))
     # The traffic (issue 42): the servers' load, its window, the recommendation, the target files.
-    from .traffic_watch import tick as traffic_tick
-    traffic = traffic_tick(project_dir, stacks, doc, before, state_dir, log)
+    from . import traffic_watch
+    traffic = traffic_watch.tick(project_dir, stacks, doc, before, state_dir, log)
     doc["traffic"] = traffic.doc
     switching = autoswitch_step(project_dir, doc, traffic, before, state_dir, apply=apply, up=up_stack, log=log)
     doc["autoswitch"] = switching.section
+    if switching.switched:
+        target, hosts, at = switching.switched
+        traffic_watch.after_switch(project_dir, target, hosts, traffic.doc, at, log)
     found = W.changes(before, doc) + traffic.changes
     atomic_write(status_path, json.dumps(doc, indent=2) + "\n")
     atomic_write(state_dir / METRICS_FILE, W.render_prometheus(doc) + traffic.prometheus + switching.prometheus)
