@@ -48,10 +48,10 @@ def edit(project: Path, values: dict) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def tick_document(serving: str, overrides: dict) -> dict:
+def tick_document(serving: str, overrides: dict, watched: tuple = ("pp8", "tp8")) -> dict:
     """The watch's tick: `serving` on both hosts, clean and ready, in the router; the other stack superseded."""
     stacks = []
-    for stack in ("pp8", "tp8"):
+    for stack in watched:
         hosts = []
         for entry, target in HOSTS.items():
             here = stack == serving
@@ -84,7 +84,7 @@ def run(case: dict, fleet: Path, state: Path):
         log(f"watch: autoswitch: up {stack}: (the test's up)")
         return None if case["up"] == "ok" else "error: hosts[gpu1]: readiness timed_out"
     lines: list[str] = []
-    doc = tick_document(serving, case.get("hosts", {}))
+    doc = tick_document(serving, case.get("hosts", {}), tuple(case.get("watched", ("pp8", "tp8"))))
     if case.get("lock_held"):
         with apply_step.held(state / AP.LOCK_FILE) as mine:
             assert mine

@@ -75,10 +75,14 @@ def _who(h: dict[str, Any]) -> str:
 
 def open_on(doc: dict[str, Any], stacks: list[str]) -> tuple[list[str], list[str]]:
     """(drift, failed readiness) open on `stacks` in the tick's document. A host that could not
-    be checked counts as drift (nothing is known of it); a host serving but out of the router,
-    as failed readiness (an interrupted roll: users do not reach it)."""
+    be checked counts as drift (nothing is known of it), and so does a stack the watch does not
+    preview; a host serving but out of the router, as failed readiness (an interrupted roll: users
+    do not reach it)."""
     drift: list[str] = []
     failed: list[str] = []
+    watched = {s["stack"] for s in doc.get("stacks", [])}
+    drift += [f"stack {name} is not watched (add it to --stacks): its drift is not known" for name in stacks
+              if name not in watched]
     for s in doc.get("stacks", []):
         if s["stack"] not in stacks:
             continue
