@@ -2,7 +2,8 @@
 installed and decides what to do; components/remote/installers.py does it)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from dataclasses import replace
+from typing import Optional
 
 import pulumi
 from pulumi.dynamic import Resource
@@ -10,6 +11,7 @@ from pulumi.dynamic import Resource
 from .core.config import CudaSettings, StackSettings
 from .core.cuda import INSTALL_TIMEOUT, REHEARSAL, settings_problems
 from .core.errors import ConfigError, SettingError
+from .core.specs_install import CudaSpec, LocalFiles
 from .gpu_host import GpuHost
 from .resources import MODULE, dynamic_options, wait_in_children
 from .remote import rehearsal_adapter
@@ -35,16 +37,8 @@ class _CudaInstall(Resource, module=MODULE, name="CudaToolkitInstall"):
 def install_props(cuda: CudaSettings) -> dict:
     """The provider's inputs for the declared toolkit (without the connection). For the
     rehearsal repository, builds it (cached) and pins its keyring."""
-    props: dict[str, Any] = {
-        "version": cuda.version,
-        "home": cuda.home,
-        "install": cuda.install,
-        "aptPackage": cuda.apt_package,
-        "aptRepository": cuda.apt_repository,
-        "keyringSha256": cuda.keyring_sha256,
-        "rehearsalRepo": None,
-        "installTimeout": INSTALL_TIMEOUT,
-    }
+    spec = CudaSpec(version=cuda.version, home=cuda.home, install=cuda.install, apt_package=cuda.apt_package,
+                    apt_repository=cuda.apt_repository, keyring_sha256=cuda.keyring_sha256, install_timeout=INSTALL_TIMEOUT)
     if cuda.install == "apt" and cuda.apt_repository == REHEARSAL:
         try:
             info = rehearsal_adapter.cuda_repo(cuda.version)
@@ -60,10 +54,10 @@ def install_props(cuda: CudaSettings) -> dict:
                                             "leave aptPackage out with aptRepository: rehearsal")])
         # The pin is the keyring built here: the provider checks the file it pushes against it,
         # by the same code path as NVIDIA's.
-        props["keyringSha256"] = info.keyring_sha256
-        props["rehearsalRepo"] = {"localDir": info.directory, "keyringFile": info.keyring,
-                                  "remoteDir": rehearsal_adapter.CUDA_REPO_DIR}
-    return props
+        spec = replace(spec, keyring_sha256=info.keyring_sha256,
+                       rehearsal_repo=LocalFiles(local_dir=info.directory, keyring_file=info.keyring,
+                                                 remote_dir=rehearsal_adapter.CUDA_REPO_DIR))
+    return spec.to_props()
 
 
 class CudaToolkit(pulumi.ComponentResource):

@@ -5,16 +5,17 @@ the serving units' (RemoteFile), and started by RouterServiceProvider. The pure 
 components/core/router.py, the admin API calls in components/remote/router.py."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
 import pulumi
 
 from .core import router as R
+from .core.cache import cache_root
 from .core.config import RouterSettings, StackSettings
 from .core.errors import ConfigError, SettingError
 from .core.specs import file_spec
+from .core.specs_install import LocalFiles, VenvSpec
 from .core.specs_router import RouterAdminAccess, RouterServiceSpec
 from .core.unit import UNIT_DIR
 from .core.venv import INSTALL_TIMEOUT, distribution_of, normalize, parse_requirement, wheelhouse_problems
@@ -31,12 +32,12 @@ def local_wheelhouse(router: RouterSettings) -> Path:
     if router.wheelhouse:
         local = Path(router.wheelhouse).expanduser()
         return local if local.is_absolute() else Path.cwd() / local
-    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving") / "router" / "wheelhouse"
+    return cache_root() / "router" / "wheelhouse"
 
 
-def wheelhouse_props(router: RouterSettings) -> dict:
-    """{localDir, files: {name: sha256}, remoteDir}: the pinned wheels of router.version found in
-    the local wheelhouse. Raises ConfigError naming gpu-serving:router.wheelhouse."""
+def wheelhouse_of(router: RouterSettings) -> LocalFiles:
+    """The pinned wheels of router.version found in the local wheelhouse (each with its sha256),
+    pushed to REMOTE_WHEELHOUSE. Raises ConfigError naming gpu-serving:router.wheelhouse."""
     local = local_wheelhouse(router)
     specs = R.pins(router.version)
     files = sorted(p for p in local.iterdir() if p.name.endswith(".whl")) if local.is_dir() else []
@@ -51,12 +52,12 @@ def wheelhouse_props(router: RouterSettings) -> dict:
         pkg, _, version = parse_requirement(spec)
         wanted.add((normalize(pkg), version))
     chosen = [f for f in files if distribution_of(f.name) in wanted]
-    return {"localDir": str(local), "files": {f.name: _sha256(f) for f in chosen}, "remoteDir": REMOTE_WHEELHOUSE}
+    return LocalFiles(local_dir=str(local), files={f.name: _sha256(f) for f in chosen}, remote_dir=REMOTE_WHEELHOUSE)
 
 
 def install_props(router: RouterSettings) -> dict:
-    return {"path": router.venv_path, "python": "3.11", "packages": R.pins(router.version),
-            "wheelhouse": wheelhouse_props(router), "installTimeout": INSTALL_TIMEOUT}
+    return VenvSpec(path=router.venv_path, python="3.11", packages=tuple(R.pins(router.version)),
+                    wheelhouse=wheelhouse_of(router), install_timeout=INSTALL_TIMEOUT).to_props()
 
 
 class Router(pulumi.ComponentResource):

@@ -3,7 +3,6 @@ components/remote/installers.py installs). The wheelhouse is read here, on this 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -12,6 +11,8 @@ from pulumi.dynamic import Resource
 
 from .core.config import StackSettings, VenvSettings
 from .core.errors import ConfigError, SettingError
+from .core.cache import cache_root
+from .core.specs_install import LocalFiles, VenvSpec
 from .core.venv import (
     DIST_SUFFIXES,
     INSTALL_TIMEOUT,
@@ -29,10 +30,6 @@ from .remote.installers import PythonVenvProvider
 # The component
 
 
-def _cache() -> Path:
-    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving")
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -41,15 +38,15 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def wheelhouse_props(venv: VenvSettings) -> Optional[dict]:
-    """{localDir, files: {name: sha256}, remoteDir} for the provider, or None (packages from the
-    host's index). Raises ConfigError naming the setting."""
+def wheelhouse_of(venv: VenvSettings) -> Optional[LocalFiles]:
+    """The wheels pushed to the host (each with its sha256), or None (packages from the host's
+    index). Raises ConfigError naming the setting."""
     setting = venv.wheelhouse
     if setting is None:
         return None
     if setting == REHEARSAL:
         try:
-            files = [rehearsal_adapter.engine_wheel(_cache())]
+            files = [rehearsal_adapter.engine_wheel(cache_root())]
             local = files[0].parent
         except Exception as exc:  # the message is what to fix
             raise ConfigError([SettingError("gpu-serving:venv.wheelhouse", f"building the rehearsal engine wheel failed: {exc}")]) from None
@@ -68,13 +65,13 @@ def wheelhouse_props(venv: VenvSettings) -> Optional[dict]:
     problems = wheelhouse_problems(list(venv.packages), [f.name for f in files], where)
     if problems:
         raise ConfigError(problems)
-    return {"localDir": str(local), "files": {f.name: _sha256(f) for f in files}, "remoteDir": WHEELHOUSE_DIR}
+    return LocalFiles(local_dir=str(local), files={f.name: _sha256(f) for f in files}, remote_dir=WHEELHOUSE_DIR)
 
 
 def install_props(venv: VenvSettings) -> dict:
     """The provider's inputs for the declared venv (without the connection)."""
-    return {"path": venv.path, "python": venv.python, "packages": list(venv.packages),
-            "wheelhouse": wheelhouse_props(venv), "installTimeout": INSTALL_TIMEOUT}
+    return VenvSpec(path=venv.path, python=venv.python, packages=tuple(venv.packages), wheelhouse=wheelhouse_of(venv),
+                    install_timeout=INSTALL_TIMEOUT).to_props()
 
 
 class _VenvInstall(Resource, module=MODULE, name="PythonVenvInstall"):

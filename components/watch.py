@@ -80,8 +80,10 @@ def preview_stack(project_dir: Path, stack: str) -> dict:
         op = getattr(m.op, "value", str(m.op))
         ops.append(op)
         if op in W.DRIFT_OPS:
+            # The host facts' fitness drift is an output of the refresh, not an input.
+            fitness = (dict(m.old.outputs or {}) if m.old is not None else {}).get("fitnessDrift")
             out["steps"].append({"name": m.urn.rpartition("::")[2], "type": m.type, "op": op,
-                                 "old": _inputs(m.old), "new": _inputs(m.new)})
+                                 "old": _inputs(m.old), "new": _inputs(m.new), **({"fitness": fitness} if fitness else {})})
     # Only creates: the stack's state holds nothing (never deployed, or destroyed).
     out["deployed"] = bool(out["error"]) or any(op != "create" for op in ops)
     return out

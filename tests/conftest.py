@@ -34,6 +34,23 @@ def pytest_configure(config):
     config.pluginmanager.register(SummaryPlugin(), "gpu-serving-hardening")
     config.pluginmanager.register(ModuleTimes(), "gpu-serving-module-times")
     config.pluginmanager.register(WarmProcesses(), "gpu-serving-warm-processes")
+    config.pluginmanager.register(OwnLedger(), "gpu-serving-own-ledger")
+
+
+class OwnLedger:
+    """The failure ledger lives beside the state PULUMI_BACKEND_URL names (scripts/env.sh: the
+    checkout's .pulumi-state). A failed switch a test runs in this process records there, and
+    `plan` reads there: each test process gets a state folder of its own, removed at the end, so
+    no test writes the checkout's ledger or reads what another run left. An engine run is given
+    its own backend URL (tests/pulumi_env.py), as every test that reads a ledger gives its own."""
+
+    def __init__(self):
+        self.dir = f"/tmp/gsl-pt{os.getpid()}"
+        os.environ["PULUMI_BACKEND_URL"] = f"file://{self.dir}"
+
+    def pytest_unconfigure(self, config):
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class WarmProcesses:

@@ -116,6 +116,29 @@ def test_results_reader_is_tolerant_and_keeps_the_newest(tmp_path):
     assert read_results(tmp_path / "absent", {}) == ([], [])
 
 
+def test_results_of_a_machine_that_changed_since_are_left_out_of_the_calibration(tmp_path):
+    """A run whose host reads otherwise now (its meta.json's fitness against the host's now,
+    core/fitness_read.py `mark`) is never calibrated on, and the advice says which and why."""
+    from components.core import fitness_read
+
+    from .core.test_fitness_read import sections
+    then = fitness_read.parse(sections({"fixture": "nvidia/h200-2gpu-nvlink/nvidia-smi-q.xml"}) + "@@end\n").now
+    capped = fitness_read.parse(sections({"fixture": "nvidia/h200-2gpu-nvlink/nvidia-smi-q.xml", "edit": [
+        ["<current_power_limit>700.00 W</current_power_limit>", "<current_power_limit>450.00 W</current_power_limit>", 1]]})
+        + "@@end\n").now
+    write_result(tmp_path, "tp8", "20261201T100000Z", 1, 20.0)
+    (tmp_path / "tp8" / "20261201T100000Z" / "meta.json").write_text(json.dumps({"host": "gpu1", "fitness": then.as_dict()}))
+    write_result(tmp_path, "tp8", "20261202T100000Z", 32, 700.0)  # recorded no fitness: unknown, kept
+    judge = lambda meta: fitness_read.mark(meta.get("fitness"), {"gpu1": capped}.get(meta.get("host")))  # noqa: E731
+    measured, notes = read_results(tmp_path, {"tp8": TP8}, judge)
+    assert [(m.concurrency, m.output_throughput) for m in measured] == [(32, 700.0)]
+    assert notes == ["results of tp8/20261201T100000Z left out of the calibration: not comparable: GPU 1 "
+                     "(00000000:00:07.0): power limit 700 W -> 450 W"]
+    # The same machine now: calibrated on as before.
+    measured, notes = read_results(tmp_path, {"tp8": TP8}, lambda meta: fitness_read.mark(meta.get("fitness"), then))
+    assert [m.concurrency for m in measured] == [1, 32] and notes == []
+
+
 def test_calibration_moves_the_model_to_the_measurements_and_says_so(tmp_path):
     # Measurements 40 % below the shipped model: the calibrated model must come nearer, and say so.
     settings = seed_settings()
@@ -260,10 +283,10 @@ def test_the_projects_stacks_are_labelled_and_a_refused_stack_exits_non_zero(tmp
     assert "STACK dpep IS REFUSED by plan, preview and up (1 problem(s)); the layouts below are for its host:" in out
     assert "  gpu-serving:strategy.moeA2aBackend: the deepep all-to-all needs NVLink between GPUs" in out
     assert re.search(r"^  tp8-ep8-deepep .*needs NVLink.*\(stack dpep\)$", out, re.M), out
-    assert re.search(r"^  dpep +\(the stack advised for\) REFUSED: tp 8, pp 1, ep 8, dp 1, a2a deepep: "
+    assert re.search(r"^  dpep +\(the stack advised for\) REFUSED: tp 8 x pp 1 \(ep 8, dp 1, all-to-all deepep\): "
                      r"gpu-serving:strategy.moeA2aBackend: the deepep all-to-all needs NVLink", out, re.M), out
     assert re.search(r"^  broken +cannot be read: gpu-serving:strategy.tpSize", out, re.M), out
-    assert re.search(r"^  ep8 +valid: tp 8, pp 1, ep 8, dp 1$", out, re.M), out
+    assert re.search(r"^  ep8 +valid: tp 8 x pp 1 \(ep 8, dp 1\)$", out, re.M), out
     assert main(["advise", "--stack", "ep8", *base, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["stack_refused"] == []

@@ -26,6 +26,7 @@ from components.__main__ import main
 from components.core import compare
 from components.core.bench_results import BenchResultError, load_runs, parse_output_file
 
+ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).parent / "data" / "compare"
 SEED = DATA / "seed" / "results" / "bench"
 REHEARSAL = DATA / "rehearsal" / "results" / "bench"
@@ -323,3 +324,67 @@ def test_the_png_shows_c1_off_the_axis_with_the_workload_and_the_servers_version
     assert all("rehearsal engine 0.0.1+rehearsal" in label and "0.5.9" not in label for label in labels), labels
     gpu = compare.load(SEED, ["tp8", "pp8"])
     assert all(", SGLang 0.5.23, " in s.label() for s in gpu.series)
+
+
+def _seed_with_fitness(tmp_path: Path, host: str = "gpu1") -> tuple[Path, dict]:
+    """The seed's results with the newer TP8 run's meta.json holding the machine's fitness (the
+    2-GPU H200 report), as `components bench` records it; and that fitness."""
+    from components.core import fitness_read
+
+    from .core.test_fitness_read import sections
+    results = tmp_path / "bench"
+    shutil.copytree(SEED, results)
+    fitness = fitness_read.parse(sections({"fixture": "nvidia/h200-2gpu-nvlink/nvidia-smi-q.xml"}) + "@@end\n").now
+    meta_path = results / "tp8" / "2026-12-01T101500Z" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "host": host, "fitness": fitness.as_dict()}) + "\n")
+    return results, fitness.as_dict()
+
+
+def test_a_run_on_a_changed_machine_is_marked_not_comparable(tmp_path):
+    import dataclasses
+
+    from components.core.fitness import GpuFitness, HostFitness
+    results, then = _seed_with_fitness(tmp_path)
+    c = compare.load(results, ["tp8", "pp8"])
+    assert compare.hosts_with_fitness(c) == {"gpu1"}  # the other runs recorded none: never read for them
+    now = HostFitness.from_dict(then)
+    capped = dataclasses.replace(now, gpus=(now.gpus[0], dataclasses.replace(now.gpus[1], power_limit_w=450.0)))
+    assert isinstance(capped.gpus[1], GpuFitness)
+    marked = compare.with_fitness_now(c, {"gpu1": capped}, [])
+    why = "not comparable: GPU 1 (00000000:00:07.0): power limit 700 W -> 450 W"
+    assert marked.marks == {"tp8/2026-12-01T101500Z": why}
+    text = compare.render(marked)
+    assert f"warning: tp8/2026-12-01T101500Z: {why}" in text
+    rows = [line for line in text.splitlines() if "tp8/2026-12-01T101500Z" in line and line.strip()[:1].isdigit()]
+    assert rows and all(line.endswith("(not comparable)") for line in rows)
+    assert "(not comparable)" not in text.split("tp8/2026-11-30T091200Z", 1)[1].splitlines()[0]  # recorded no fitness
+    assert compare.as_dict(marked)["not_comparable"] == {"tp8/2026-12-01T101500Z": why}
+    # The same machine, or a host not read: nothing marked (unknown is never "not comparable").
+    assert compare.with_fitness_now(c, {"gpu1": now}, []).marks == {}
+    assert compare.with_fitness_now(c, {"gpu1": None}, ["fitness of gpu1 not read now (x)"]).marks == {}
+
+
+def test_the_command_reads_the_hosts_of_runs_that_recorded_fitness_and_says_what_it_could_not(tmp_path, capsys):
+    """A project whose tp8 stack deploys to a rehearsal host that is not running: the host of the
+    run that recorded fitness is looked for, and what kept it from being read is said, not fatal."""
+    import os
+
+    import yaml
+    name = f"pt{os.getpid()}-none"
+    project = tmp_path / "project"
+    project.mkdir()
+    doc = yaml.safe_load((ROOT / "Pulumi.yaml").read_text())
+    doc["config"]["gpu-serving:host"]["value"]["rehearsal"] = name
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    for stack in ("tp8", "pp8"):
+        shutil.copy(ROOT / f"Pulumi.{stack}.yaml", project)
+    results, _ = _seed_with_fitness(tmp_path, host=f"rehearsal:{name}")
+    out = tmp_path / "c.png"
+    base = ["compare", "--project-dir", str(project), "--results", str(results), "--stacks", "tp8,pp8", "--output", str(out)]
+    assert main(base) == 0
+    text = capsys.readouterr().out
+    assert f"note: fitness of rehearsal:{name} not read now (the rehearsal host {name!r} is not running" in text
+    assert "its figures are not checked against the machine" in text and "not comparable" not in text
+    assert main([*base, "--no-host-read"]) == 0
+    assert "note: the hosts' fitness was not read (--no-host-read)" in capsys.readouterr().out

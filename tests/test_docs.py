@@ -4,6 +4,8 @@ reaches a file that exists and, for `#anchor`, a heading whose GitHub anchor it 
 Anchor cases in tests/data/docs/; the reader is tests/docs_links.py."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests import docs_links as D
@@ -63,3 +65,16 @@ def test_a_missing_file_or_heading_is_named(tmp_path):
         "#nowhere": "page.md has no heading whose anchor is #nowhere",
         "img/none.png": "img/none.png does not exist",
     }
+
+
+def test_no_committed_stack_file_carries_a_passphrase_salt():
+    """A salt made with the default passphrase, committed, stops a team's `stack select --create`
+    at 'incorrect passphrase' (issue 36.11); the e2e runs write one into the working copy, so a
+    careless `git add` brings it back. Read as git's index holds each file (what a clone gets)."""
+    listed = subprocess.run(["git", "-C", str(D.REPO), "ls-files", "--", "Pulumi.*.yaml"],
+                            capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert listed, "no stack file tracked"
+    salted = [name for name in listed
+              if "encryptionsalt:" in subprocess.run(["git", "-C", str(D.REPO), "show", f":{name}"], capture_output=True,
+                                                     text=True, timeout=60, check=True).stdout]
+    assert salted == []

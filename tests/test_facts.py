@@ -7,6 +7,7 @@ import pytest
 
 from components.core import facts as F
 from components.core import fitness as FITNESS
+from components.core import fitness_baseline as FB
 
 from .casedata import DATA, cases
 
@@ -155,11 +156,12 @@ echo '@@nvcc'; "$1/bin/nvcc" --version 2>&1 || echo "@@rc=$?"
 echo '@@fitness'; { nvidia-smi -q -x 2>&1 || echo "@@rc=$?"; } | {xml_filter}
 echo '@@iommu'; {iommu}
 echo '@@nccl'; {nccl}
+echo '@@baseline'; cat {baseline} 2>/dev/null
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
 echo '@@end'
 """.replace("{query}", " ".join(F.GPU_QUERY[1:])).replace("{xml_filter}", FITNESS.XML_FILTER) \
-    .replace("{iommu}", FITNESS.IOMMU_SCRIPT).replace("{nccl}", FITNESS.NCCL_SCRIPT)
+    .replace("{iommu}", FITNESS.IOMMU_SCRIPT).replace("{nccl}", FITNESS.NCCL_SCRIPT).replace("{baseline}", FB.BASELINE_FILE)
 
 # A stand-in nvidia-smi / nvcc whose slowest answer is the first section's, each logging when it
 # ran: printed in turn, the sections would come back in the wrong order if nothing sorted them.

@@ -18,7 +18,9 @@ def reading(side):
     if side is None:
         return None
     xml = edited((DATA / side["fixture"]).read_text(), side.get("edit", []))
-    return FIT.parse_fitness(xml, side.get("nccl", ""), side.get("iommu", ""))
+    read = FIT.parse_fitness(xml, side.get("nccl", ""), side.get("iommu", ""))
+    # The serving venv's distributions (a benchmark's baseline adds the NCCL torch loads).
+    return FIT.with_venv_nccl(read, side["packages"]) if "packages" in side else read
 
 
 @pytest.mark.parametrize("name,case", cases("fitness"), ids=lambda x: x if isinstance(x, str) else "")

@@ -38,6 +38,8 @@ LAZY = {
     ("components.cli.serving_bench", "components.remote.bench"):
         "only `bench` runs the serving benchmark: no SSH side and no pulumi.dynamic for the others",
     ("components.cli.serving_bench", "components.remote.ssh"): "only `bench` reaches a host (its RemoteError)",
+    ("components.cli.compare", "components.remote.fitness_now"): "only `compare` with fitness-recorded runs reads the hosts",
+    ("components.cli.advise", "components.remote.fitness_now"): "only `advise` with fitness-recorded results reads the hosts",
     ("components.watch", "components.remote.status"): "every command loads components.watch: only a tick needs the SSH side",
     ("components.watch", "components.traffic_watch"): "every command loads components.watch: only a tick reads the traffic",
     ("components.traffic_watch", "components.remote.ssh"): "loaded by a watch tick only (the SSH side)",

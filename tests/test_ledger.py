@@ -86,3 +86,61 @@ def test_a_listing_names_what_failed_and_what_changed():
     assert text.splitlines()[0] == ("3  2026-12-04T10:15:09Z  stack ep8 on gpu1: crashed: "
                                     "CUDA out of memory during CUDA graph capture")
     assert "since the last good start: --mem-fraction-static 0.92 (last good: 0.88); --trust-remote-code (added)" in text
+
+
+def test_plan_preview_and_advise_say_the_same_words(tmp_path, monkeypatch, capsys):
+    """A failure recorded for the shipped ep8 stack's start (the ledger in a file beside a file
+    backend): `plan` (as a user runs it), `advise` and the preview's check of the service each say
+    the one warning core/ledger.py words, before the start; another stack's start says nothing."""
+    import shlex
+    import subprocess
+    import sys
+
+    from components.__main__ import main
+    from components.core.plan import check_stack
+    from components.core.stack_config import from_files
+    from components.remote import cli, ledger_store, preview, ssh
+
+    root = DATA.parent.parent
+    argv = check_stack("ep8", from_files(root, "ep8"), root).plans[0][1].unit.exec_start
+    url = f"file://{tmp_path}"
+    stored = ledger_store.store_for(url).add(oom_failure(argv=argv, host="gpu1"))
+    said = L.warning(stored)
+    assert said.startswith("this layout with these flags crashed on gpu1 on 2026-12-04: CUDA out of memory during CUDA "
+                           "graph capture (") and f"ledger entry {stored.id}" in said
+
+    planned = subprocess.run([sys.executable, "-m", "components", "plan", "--stack", "ep8"], cwd=root, capture_output=True,
+                             text=True, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "PULUMI_BACKEND_URL": url})
+    assert planned.returncode == 0 and f"\nwarning        {said}\n" in planned.stdout, planned.stdout[-2000:]
+    other = subprocess.run([sys.executable, "-m", "components", "plan", "--stack", "tp8", "--json"], cwd=root,
+                           capture_output=True, text=True, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin",
+                                                                "PULUMI_BACKEND_URL": url})
+    assert other.returncode == 0 and "this layout with these flags" not in other.stdout
+
+    monkeypatch.setenv("PULUMI_BACKEND_URL", url)
+    assert main(["advise", "--stack", "tp8", "--project-dir", str(root), "--results", str(tmp_path / "none")]) == 0
+    advised = capsys.readouterr().out
+    # Under ep8 among the project's stacks (tp8, advised for, and pp8 say nothing).
+    assert f"\n  ep8          valid: tp 8 x pp 1 (ep 8, dp 1)\n    warning: {said}\n  pp8 " in advised, advised[-3000:]
+    assert advised.count("this layout with these flags") == 1
+
+    # The preview: the service's check of a stack whose start is coming (nothing of it serves).
+    monkeypatch.setattr(cli, "provider_says_preview_things", lambda: True)
+    monkeypatch.setattr(ssh, "fetch", lambda t, r: (_ for _ in ()).throw(ssh.RemoteError("not reached in this test")))
+    news = {"execStart": shlex.join(argv), "unit": "sglang-kimi-k2.6-ep8.service", "active": True, "stack": "ep8",
+            "connection": {"host": "10.0.0.5", "port": 22, "user": "root", "privateKey": "k", "hostKey": "h"}}
+    preview.before_change({}, news)
+    assert f"switch: warning: {said}\n" in capsys.readouterr().err
+    # A serving unit whose update starts nothing: no warning (no start to warn of).
+    preview.before_change({**news, "runningServer": "as declared", "configHash": "x"}, {**news, "configHash": "x"})
+    assert "this layout" not in capsys.readouterr().err
+
+
+def test_a_failed_starts_host_read():
+    """FAILED_START_SCRIPT's answer: nvidia-smi's query (a line a GPU) and SGLang's version.py (as
+    python/sglang/version.py holds it), read after the failure for the signature."""
+    answer = ("NVIDIA H200, 580.95.05\nNVIDIA H200, 580.95.05\n@@sglang\n__version__ = \"0.5.23\"\n")
+    assert L.parse_failed_start(answer) == ({"gpu_models": ["NVIDIA H200"], "driver_version": "580.95.05"}, "0.5.23")
+    assert L.parse_failed_start("@@sglang\n") == ({"gpu_models": [], "driver_version": ""}, "")  # nothing answered
+    assert L.venv_of(ARGV) == "/root/venv_sglang211" and L.venv_of(["python3", "-m", "x"]) == ""
+    assert L.model_of(ARGV) == "kimi-k2.6" and L.model_of(["/v/bin/python", "--model-path", "/models/ds-v3/"]) == "ds-v3"

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from components.core import fitness_read, ledger
 from components.core import readiness as R
 from components.core import reads, switch
 from components.core import status as S
@@ -101,6 +102,10 @@ class TwoNodes:
             return 0, f"{_show(argv[4])}@@joined\n1\n".encode(), b""
         if script == reads.SERVICE_SCRIPT:
             return 0, f"{_show(argv[4])}@@cmdline\n\n@@environ\n\n@@manager\n".encode(), b""
+        if script == fitness_read.FITNESS_SCRIPT:
+            return 0, b"@@baseline\n@@end\n", b""  # never benchmarked: nothing to decide
+        if script == ledger.FAILED_START_SCRIPT:
+            return 0, b"NVIDIA H200, 580.95.05\n@@sglang\n", b""
         if argv[0] == "journalctl":
             return 0, f"node python3[77]: {R.JOINED_LINE}\n".encode(), b""
         if argv[:2] == ["systemctl", "show"] and "ExecStart" in argv:

@@ -265,8 +265,8 @@ def test_host_facts_read_through_a_drop_sees_the_gpus(scripted_host):
     t, connect, opened = scripted_host
     connect(("drop", WHOLE_FACTS[:40]))
     connect(("ok", 0, WHOLE_FACTS))
-    facts = providers.HostFactsProvider()._read(_facts_props(t))
-    assert facts["gpu_count"] == 1 and facts["problems"] == []
+    facts, drift = providers.HostFactsProvider()._read(_facts_props(t))
+    assert facts["gpu_count"] == 1 and facts["problems"] == [] and drift == {}  # no baseline on the host: no drift
 
 
 def test_host_facts_cut_short_with_an_exit_status_is_refused_not_zero_gpus(scripted_host):

@@ -97,3 +97,21 @@ BOOT_CASES = [(n, c) for n, c in cases("status") if "boot" in c]
 @pytest.mark.parametrize("name,case", BOOT_CASES, ids=[n for n, _ in BOOT_CASES])
 def test_what_a_reboot_would_start_when_it_is_not_what_serves(name, case):
     assert S.boot_disagreement(S.parse_serving(case["stdout"])) == case["boot"]
+
+
+def test_the_hosts_fitness_lines():
+    """`status` per host (core/status.py fitness_lines on fitness_read's read): the drift from the
+    benchmark baseline in the drift check's words, what is degraded now, or that there is no baseline."""
+    from components.core import fitness_read
+
+    from .core.test_fitness_read import answer
+    drifted = fitness_read.parse(answer(dict(cases("fitness-read"))["power-cap-and-link-refused"])).as_dict("gpu1")
+    lines = S.fitness_lines(drifted)
+    assert lines[0].startswith("  fitness   fitness drift: gpu1 since the benchmark of 2026-12-01 (tp8): GPU 0 ")
+    assert lines[1:] == ["  degraded  GPU 0 (00000000:00:06.0): PCIe link x8 of x16",
+                         "  degraded  GPU 1 (00000000:00:07.0): power capped at 450 W (default 700 W)"]
+    same = fitness_read.parse(answer(dict(cases("fitness-read"))["same-machine-warn"])).as_dict("gpu1")
+    assert S.fitness_lines(same) == ["  fitness   as the benchmark of 2026-12-01 (tp8) measured it"]
+    assert S.fitness_lines(fitness_read.parse("@@baseline\n@@end\n").as_dict("gpu1")) == [
+        "  fitness   no benchmark baseline on this host (`python -m components bench` records one)"]
+    assert S.fitness_lines(None) == []  # a host not read (down, unreachable)

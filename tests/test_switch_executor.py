@@ -9,6 +9,7 @@ import shlex
 
 import pytest
 
+from components.core import fitness_read, ledger
 from components.core import readiness as R
 from components.core import switch
 from components.core.specs import ServiceSpec
@@ -24,8 +25,12 @@ REPLACED = "/etc/gpu-serving/shared.env"
 class Host:
     """What the case's host answers; `changes`: every command that changes it, as plan steps read."""
 
-    def __init__(self, case: dict, fail: str = "", rollback_fails: bool = False):
+    def __init__(self, case: dict, fail: str = "", rollback_fails: bool = False, fitness: str = "@@baseline\n@@end\n",
+                 journal: bytes = b"2026-01-01T00:00:00+0000 host python3[77]: CUDA out of memory\n"):
         self.units = case["host"]["units"]
+        self.fitness = fitness  # the fitness read's answer (default: a host never benchmarked)
+        self.journal = journal
+        self.reads: list[str] = []  # the reads of the fitness check and of the failure ledger, in order
         self.holder = case["host"]["port_holder"]
         self.fail = fail  # the unit whose readiness fails
         self.rollback_fails = rollback_fails  # and the unit started again after it fails too
@@ -61,8 +66,15 @@ class Host:
             unit, *steps = argv[4:]
             self.changes += [self.step(w) for w in steps]
             return 0, f"@@read\nId={unit}\nActiveState=active\nUnitFileState=enabled\n@@cmdline\n\n@@environ\n\n@@manager\n".encode(), b""
+        if argv[:2] == ["sh", "-c"] and argv[2] == fitness_read.FITNESS_SCRIPT:
+            self.reads.append(f"fitness {argv[4]}")
+            return 0, self.fitness.encode(), b""
+        if argv[:2] == ["sh", "-c"] and argv[2] == ledger.FAILED_START_SCRIPT:
+            self.reads.append(f"failed start {argv[4]}")
+            return 0, (b"NVIDIA H200, 580.95.05\nNVIDIA H200, 580.95.05\n@@sglang\n"
+                       b"__version__ = \"0.5.23\"\n"), b""
         if argv[0] == "journalctl":
-            return 0, b"2026-01-01T00:00:00+0000 host python3[77]: CUDA out of memory\n", b""
+            return 0, self.journal, b""
         if argv[:2] == ["systemctl", "show"]:
             if "ExecStart" in argv and "--value" in argv:
                 return 0, b"{ path=/opt/venv/bin/python ; argv[]=python -m sglang.launch_server --host 0.0.0.0 --port 30000 }\n", b""
@@ -94,8 +106,9 @@ class Host:
 
 @pytest.fixture
 def run_switch(monkeypatch):
-    def run(case: dict, fail: str = "", replaced: bool = False, rollback_fails: bool = False):
-        host = Host(case, fail, rollback_fails)
+    def run(case: dict, fail: str = "", replaced: bool = False, rollback_fails: bool = False, more: dict | None = None,
+            host: Host | None = None):
+        host = host or Host(case, fail, rollback_fails)
         monkeypatch.setattr(ssh, "_run", host.run)
         monkeypatch.setattr(ssh, "_write_file", host.write)
         monkeypatch.setattr(ssh, "read_file", host.read_file)
@@ -111,7 +124,7 @@ def run_switch(monkeypatch):
         if replaced:
             switch_memory.remember_replaced(t, REPLACED, b"NCCL_ALGO=Ring\n", 0o640)
         props = {"unit": d["unit"], "port": d["port"], "bind": "0.0.0.0", "declared": {"tp": 8},
-                 "active": d["active"], "enabled": d["enabled"], "readiness": {}, "connection": {}}
+                 "active": d["active"], "enabled": d["enabled"], "readiness": {}, "connection": {}, **(more or {})}
         try:
             spec = ServiceSpec.from_props(props)
             outs = switch_executor.Switch(spec, [switch_executor.Node(t, spec)], d["restart"]).switch()
@@ -121,6 +134,7 @@ def run_switch(monkeypatch):
         finally:
             left = switch_memory.take_replaced(t)
         plan, = planned
+        run.host = host
         return plan, host.changes, outs, error, left
     return run
 

@@ -189,3 +189,15 @@ def test_a_readiness_nobody_read_is_unknown_never_none():
     entry["readiness"] = None
     lines = [c["line"] for c in W.changes(before, now)]
     assert lines == ["readiness: stack ep8 on 10.213.3.2: ready -> unknown"], lines
+
+
+def test_fitness_drift_is_its_own_kind_never_an_edit():
+    doc, found = run_ticks(dict(CASES)["fitness-drift-then-restored"])[1]
+    tp8 = by_stack(doc)["tp8"]
+    assert tp8["state"] == "fitness drift" and tp8["drifted"] == [] and tp8["fitness_drift"][0].startswith("fitness drift: gpu1")
+    assert [c["kind"] for c in found] == ["fitness"]
+    text = W.render_prometheus(doc)
+    assert 'gpu_serving_fitness_drift{stack="tp8",host="10.213.3.2"} 1' in text
+    assert 'gpu_serving_drifted_resources{stack="tp8",host="10.213.3.2"} 0' in text
+    status = {s["stack"]: s for s in W.webhook_payload(doc, found)["status"]}
+    assert status["tp8"]["state"] == "fitness drift" and status["tp8"]["fitness_drift"] == tp8["fitness_drift"]

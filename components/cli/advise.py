@@ -14,12 +14,14 @@ from pathlib import Path
 
 from ..core import advise as A
 from ..core import advise_report as report
-from ..core.advise_results import read_results
+from ..core.advise_results import read_results, run_meta
 from ..core.config import parse_settings
 from ..core.errors import ConfigError
+from ..core.fitness_read import mark
 from ..core.plan import check_stack, load_stack_config
 from ..core.stack_config import from_files, stack_names
 from ..core.strategy import layout_of
+from ..remote.ledger_store import warnings_before_stack
 
 
 def add_parser(sub) -> None:
@@ -35,6 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top", type=int, default=8, help="layouts shown per concurrency (default 8)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--project-dir", default=".", type=Path)
+    p.add_argument("--no-host-read", action="store_true",
+                   help="do not read the hosts' fitness now (results are then not checked against the machine)")
 
 
 def _concurrency(text: str) -> tuple[int, ...]:
@@ -91,6 +95,36 @@ def _stack_layouts(project_dir: Path, advised=None) -> dict:
     return layouts
 
 
+def _fitness_now(args, results: Path, stacks: list[str]):
+    """How a stored run is judged against its host now (None: nothing to judge: no run recorded
+    fitness), and what kept a host from being read: a run on a machine that changed since is
+    left out of the calibration (fitness_read.mark)."""
+    metas = [run_meta(d) for s in stacks if (results / s).is_dir() for d in (results / s).iterdir() if d.is_dir()]
+    hosts = {str(m.get("host")) for m in metas if isinstance(m.get("fitness"), dict)}
+    if not hosts:
+        return None, []
+    if args.no_host_read:
+        return None, ["the hosts' fitness was not read (--no-host-read): results are not checked against the machine now"]
+    from ..remote.fitness_now import read_hosts  # the SSH side, for this command only
+    now, problems = read_hosts(args.project_dir, stacks, hosts)
+    return (lambda meta: mark(meta.get("fitness") if isinstance(meta.get("fitness"), dict) else None,
+                              now.get(str(meta.get("host"))))), problems
+
+
+def _ledger(project_dir: Path, stacks: list[str]) -> dict[str, list[str]]:
+    """The failure ledger's warnings before each stack's start, as `plan` says them (a stack the
+    program refuses starts nothing: its refusal is said instead)."""
+    out = {}
+    for name in stacks:
+        try:
+            warnings = warnings_before_stack(check_stack(name, from_files(project_dir, name), project_dir))
+        except ConfigError:
+            continue
+        if warnings:
+            out[name] = warnings
+    return out
+
+
 def _workload(args, settings) -> tuple[A.Workload, str]:
     """The flags' workload, the stack's benchmark settings for what they leave out."""
     b = settings.benchmark
@@ -121,7 +155,10 @@ def run(args) -> int:
         return 2
     layouts = _stack_layouts(args.project_dir, settings)
     results = args.results if args.results.is_absolute() else args.project_dir / args.results
-    measured, skipped = read_results(results, {k: v for k, v in layouts.items() if not isinstance(v, str)})
+    stack_layouts = {k: v for k, v in layouts.items() if not isinstance(v, str)}
+    judge, fitness_notes = _fitness_now(args, results, list(stack_layouts))
+    measured, skipped = read_results(results, stack_layouts, judge)
+    skipped += fitness_notes
     advice = A.advise(settings, workload, stacks=layouts, measured=measured, source=source)
     advice.notes[:0] = notes + skipped
     advice.workload_from = workload_from
@@ -129,6 +166,7 @@ def run(args) -> int:
         check_stack(args.stack, from_files(args.project_dir, args.stack), args.project_dir)
     except ConfigError as exc:
         advice.stack_refused = list(exc.errors)
+    advice.ledger = _ledger(args.project_dir, [o.name for o in advice.own])
     if args.json:
         json.dump(report.as_dict(advice), sys.stdout, indent=2)
         print()

@@ -85,6 +85,20 @@ def add_parser(sub) -> None:
     c.add_argument("--results", type=Path, help="results folder (default: <project-dir>/results/bench)")
     c.add_argument("--output", type=Path, help="the PNG to write (default: <results>/compare.png)")
     c.add_argument("--json", action="store_true", help="machine-readable output instead of the table")
+    c.add_argument("--no-host-read", action="store_true",
+                   help="do not read the hosts' fitness now (runs are then not checked against the machine)")
+
+
+def _fitness_now(comparison: core.Comparison, args) -> core.Comparison:
+    """Each run checked against its host's fitness now (one small read a host, only for hosts whose
+    runs recorded fitness): a machine that changed since marks its figures not comparable."""
+    hosts = core.hosts_with_fitness(comparison)
+    if not hosts or args.no_host_read:
+        return comparison if not hosts else core.with_fitness_now(comparison, {}, [
+            "the hosts' fitness was not read (--no-host-read): the figures are not checked against the machine now"])
+    from ..remote.fitness_now import read_hosts  # the SSH side, for this command only
+    now, problems = read_hosts(args.project_dir, [s.stack for s in comparison.series], hosts)
+    return core.with_fitness_now(comparison, now, problems)
 
 
 def run(args) -> int:
@@ -113,6 +127,7 @@ def run(args) -> int:
             print("  run `python -m components bench --stack <stack>` first, for each stack to compare",
                   file=sys.stderr)
         return 2
+    comparison = _fitness_now(comparison, args)
     png = write_png(figure(comparison), args.output or results / "compare.png")
     if args.json:
         json.dump({**core.as_dict(comparison), "png": str(png)}, sys.stdout, indent=2)

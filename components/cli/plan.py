@@ -9,9 +9,10 @@ from pathlib import Path
 
 from ..core import pd_switch
 from ..core.errors import ConfigError
+from ..core.layout_words import layout_text
 from ..core.plan import PD_NOT_DEPLOYED, CheckedStack, ServingPlan, check_stack
 from ..core.stack_config import from_files
-from ..remote import rehearsal_adapter
+from ..remote import ledger_store, rehearsal_adapter
 
 
 def add_parser(sub) -> None:
@@ -27,9 +28,7 @@ def _print_plan(plan: ServingPlan) -> None:
     d = plan.as_dict()
     L, m = d["layout"], plan.memory
     print(f"stack {d['stack']}: strategy {d['strategy']} for {d['model']['name']} on {d['host']['address']}")
-    print(f"  layout       tp {L['tp_size']} x pp {L['pp_size']} (ep {L['ep_size']}, dp {L['dp_size']}"
-          f"{', dp-attention' if L['enable_dp_attention'] else ''}) = world size {d['world_size']} of {d['host']['gpu_count']} GPUs;"
-          f" moe_tp {L['moe_tp_size']}, attn_tp {L['attn_tp_size']}")
+    print(f"  layout       {layout_text(L, detail=True)} = world size {d['world_size']} of {d['host']['gpu_count']} GPUs")
     print(f"  memory/GPU   {m.gpu_memory_gb:g} GB x {m.mem_fraction_static:g} = {m.static_budget_gb} GB for weights + KV pool")
     for s in m.stages:
         print(f"    stage {s.stage}: {s.layers} layers, weights {s.weights_gb} GB, KV pool {s.kv_pool_gb} GB,"
@@ -151,10 +150,11 @@ def run(args) -> int:
         else:
             _print_switch(before, plan)
         return 0
+    ledger = ledger_store.warnings_before_stack(checked)
     if args.json:
         out = plan.as_dict()
         out["secrets"] = {f"gpu-serving:{name}": "(secret, not shown)" for name in checked.secrets}
-        out["warnings"] = list(dict.fromkeys(out["warnings"] + checked.warnings))
+        out["warnings"] = list(dict.fromkeys(out["warnings"] + checked.warnings + ledger))
         if plans[0][0]:
             out["hosts"] = [{"name": n, **p.as_dict()["host"], "memory": p.memory.as_dict()} for n, p in plans]
         if checked.pd is not None:
@@ -169,4 +169,6 @@ def run(args) -> int:
     if checked.pd is not None:
         _print_pd(checked.pd)
     _print_checked(checked)
+    for w in ledger:
+        print(f"warning        {w}")
     return 0

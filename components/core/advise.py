@@ -63,6 +63,9 @@ class Advice:
     # The advised stack's own refusals by plan/preview/up (the CLI runs plan.check_stack): the
     # advice is still printed, and the command exits non-zero.
     stack_refused: list[SettingError] = field(default_factory=list)
+    # The failure ledger's warnings before each project stack's start (the words plan and preview
+    # say: core/ledger.py warnings_for), by stack.
+    ledger: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def model_error(self) -> float:

@@ -109,6 +109,7 @@ def _own_stacks(a: Advice) -> list[str]:
         else:
             text = f"cannot be read: {o.detail}"
         lines.append(f"  {o.name:<12}{mark} {text}")
+        lines += [f"    warning: {w}" for w in a.ledger.get(o.name, [])]
     return lines
 
 
@@ -135,7 +136,8 @@ def as_dict(a: Advice) -> dict[str, Any]:
         "calibrated_on": [{"stack": p.stack, "concurrency": p.concurrency, "output_throughput": p.output_throughput,
                            "rehearsal": p.rehearsal} for p in (a.calibration.points if a.calibration else [])],
         "own_stacks": [{"name": o.name, "verdict": o.verdict, "layout": o.layout.describe() if o.layout else None,
-                        "detail": o.detail} for o in a.own],
+                        "detail": o.detail, **({"ledger": a.ledger[o.name]} if a.ledger.get(o.name) else {})}
+                       for o in a.own],
         "valid": [{"name": c.name, "layout": c.layout.describe(), "stacks": c.stacks,
                    "weights_gb": c.memory_plan.weights_gb, "kv_pool_gb": c.memory_plan.kv_pool_gb,
                    "kv_tokens": c.memory_plan.max_total_tokens * c.layout.dp_size} for c in a.valid],

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .strategy import Layout
 
@@ -46,12 +46,17 @@ class Measurement:
         return (self.input_len, self.output_len, self.range_ratio) == (input_len, output_len, 1.0)
 
 
-def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[Measurement], list[str]]:
+def read_results(folder: Path, stack_layouts: dict[str, Layout],
+                 not_comparable: Optional[Callable[[dict[str, Any]], Optional[str]]] = None
+                 ) -> tuple[list[Measurement], list[str]]:
     """Benchmark results under `folder` (results/bench/<stack>/<time>/*.json or .jsonl): the
     newest result per stack, workload and concurrency. Files that are not such results are
-    skipped with a note, never an error."""
+    skipped with a note, never an error. `not_comparable(meta.json)`: why a run measured another
+    machine than its host is now ("not comparable: ..."), or None; such a run is left out of the
+    calibration, with a note."""
     found: dict[tuple[Any, ...], tuple[str, Measurement]] = {}
     notes: list[str] = []
+    left_out: set[Path] = set()
     if not folder.is_dir():
         return [], notes
     for stack_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
@@ -62,6 +67,13 @@ def read_results(folder: Path, stack_layouts: dict[str, Layout]) -> tuple[list[M
                 notes.append(f"results for {stack_dir.name} skipped: no valid Pulumi.{stack_dir.name}.yaml to say its layout")
             continue
         for f in files:
+            why = not_comparable(run_meta(f.parent)) if not_comparable is not None else None
+            if why:
+                if f.parent not in left_out:
+                    left_out.add(f.parent)
+                    notes.append(f"results of {stack_dir.name}/{f.parent.relative_to(stack_dir)} left out of the "
+                                 f"calibration: {why}")
+                continue
             settings = _meta_settings(f.parent)
             for doc in _documents(f):
                 try:
@@ -101,13 +113,18 @@ def _workload(doc: dict[str, Any], settings: dict[str, Any]) -> tuple[Optional[i
     return inp, out, ratio
 
 
-def _meta_settings(run_dir: Path) -> dict[str, Any]:
-    """The benchmark settings `components bench` wrote in the run's meta.json ({} without one)."""
+def run_meta(run_dir: Path) -> dict[str, Any]:
+    """The run's meta.json as `components bench` wrote it ({} without one)."""
     try:
         meta = json.loads((run_dir / "meta.json").read_text())
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
-    settings = meta.get("settings") if isinstance(meta, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def _meta_settings(run_dir: Path) -> dict[str, Any]:
+    """The benchmark settings `components bench` wrote in the run's meta.json ({} without one)."""
+    settings = run_meta(run_dir).get("settings")
     return settings if isinstance(settings, dict) else {}
 
 

@@ -220,13 +220,18 @@ def parse_requirements(text: str) -> list[str]:
 # `components bench` and by the program (the `Benchmark` resource's props, `benchmark.onDeploy`).
 
 
+def host_label(settings: StackSettings, entry: str) -> str:
+    """A run's host as meta.json records it (`host`): where it is reached, and its fleet entry."""
+    return settings.host.target + (f" ({entry})" if entry else "")
+
+
 def host_spec(*, stack: str, settings: StackSettings, plan: ServingPlan, entry: str, declared: dict[str, Any]) -> dict[str, Any]:
     """The benchmark's view of one host of a stack (`settings`: that host's StackSettings,
     `plan`: its ServingPlan, `entry`: the fleet entry's name or "")."""
     target = settings.host.target
     return {
         "stack": stack, "strategy": settings.strategy_name, "unit": plan.unit.name, "declared": declared,
-        "describe": plan.layout.describe(), "target": target, "hostLabel": target + (f" ({entry})" if entry else ""),
+        "describe": plan.layout.describe(), "target": target, "hostLabel": host_label(settings, entry),
         "model": {"name": settings.model.name, "path": settings.model.path},
         "python": f"{settings.venv.path}/bin/python", "bind": settings.serving.host, "port": settings.serving.port,
         "benchmark": settings.benchmark.model_dump(by_alias=True), "rehearsalHost": settings.host.is_rehearsal,

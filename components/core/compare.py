@@ -6,17 +6,23 @@ of one level replaces only that level. Throughput decides the winner at each con
 TTFT and ITL are shown beside it. A figure from the rehearsal engine is labelled so wherever
 it appears, and a comparison mixing rehearsal and GPU figures says that they do not compare.
 
+A run records the machine's fitness as it started (meta.json); `with_fitness_now` marks each run
+whose host reads otherwise now "not comparable: <what changed>" (core/fitness_read.py): its
+figures measured another machine (a power cap, a link retrained, a driver upgraded since).
+
 Pure: builds text and labels from parsed runs; the picture is drawn one floor up
 (components/cli/compare.py), so matplotlib never loads for the rest of the program.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .bench_results import Level, Run, load_runs, stacks_with_results
+from .fitness import HostFitness
+from .fitness_read import mark
 
 # Throughputs closer than this are reported as a tie: run-to-run noise of a serving benchmark
 # is a few percent, so a 1 % lead is no lead.
@@ -98,6 +104,8 @@ class Comparison:
     series: list[Series]  # in the order asked for
     missing: list[str]  # stacks asked for without any result, each with what to do
     notes: list[str]  # files or levels left out, and why
+    # "<stack>/<folder>" of each run whose machine reads otherwise now -> "not comparable: ..."
+    marks: dict[str, str] = field(default_factory=dict)
 
     @property
     def concurrencies(self) -> list[int]:
@@ -137,6 +145,7 @@ class Comparison:
                        "their figures do not compare")
         if len({s.hosts for s in self.series}) > 1:
             out.append("the stacks ran on different hosts: the comparison is of hosts as much as of strategies")
+        out += [f"{run}: {why}" for run, why in self.marks.items()]
         return out
 
     def banner(self) -> str | None:
@@ -169,6 +178,27 @@ def prompts_of(points: list[Point]) -> str:
         return f"{int(next(iter(ratios)))} prompts per concurrent request (as completed)"
     levels = sorted({(p.level.concurrency, p.level.completed) for p in points})
     return "prompts completed: " + ", ".join(f"{n} at C={c}" for c, n in levels)
+
+
+def hosts_with_fitness(comparison: Comparison) -> set[str]:
+    """The hosts of the compared runs that recorded the machine's fitness: the ones worth reading now."""
+    return {r.host for s in comparison.series for r in s.runs if r.fitness}
+
+
+def with_fitness_now(comparison: Comparison, now: dict[str, Optional[HostFitness]], problems: list[str]) -> Comparison:
+    """The comparison with each run marked whose host (`now`: its fitness read now, None: not read)
+    differs from what the run recorded; `problems`: what kept a host from being read (notes)."""
+    marks = {}
+    for s in comparison.series:
+        for r in s.runs:
+            why = mark(r.fitness, now.get(r.host))
+            if why:
+                marks[run_name(r)] = why
+    return replace(comparison, marks=marks, notes=comparison.notes + problems)
+
+
+def run_name(r: Run) -> str:
+    return f"{r.stack}/{r.folder}"
 
 
 def build(runs_by_stack: dict[str, list[Run]], results_hint: str = "results/bench") -> Comparison:
@@ -256,7 +286,8 @@ def table_rows(comparison: Comparison) -> list[tuple[str, ...]]:
                 continue
             p = s.points[c]
             lv = p.level
-            run = f"{p.run.stack}/{p.run.folder}" + (" rehearsal" if p.run.rehearsal else "")
+            run = run_name(p.run) + (" rehearsal" if p.run.rehearsal else "") \
+                + (" (not comparable)" if run_name(p.run) in comparison.marks else "")
             rows.append((str(c), s.strategy, _tps(lv.output_throughput), _ms(lv.median_ttft_ms), _ms(lv.p99_ttft_ms),
                          _ms(lv.median_itl_ms), run))
     return rows
@@ -298,6 +329,7 @@ def as_dict(comparison: Comparison) -> dict[str, Any]:
         "warnings": comparison.warnings(),
         "missing": comparison.missing,
         "notes": comparison.notes,
+        "not_comparable": comparison.marks,
         "strategies": [{
             "stack": s.stack, "strategy": s.strategy, "layout": s.newest.layout, "host": s.hosts, "model": s.models,
             "server_version": s.versions, "client_version": s.client_versions, "dates": s.dates, "rehearsal": s.rehearsal,

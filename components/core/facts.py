@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from .fitness import IOMMU_SCRIPT, NCCL_SCRIPT, XML_FILTER, HostFitness, parse_fitness
+from .fitness_baseline import BASELINE_FILE
 
 GPU_FIELDS = ["index", "uuid", "name", "memory.total", "driver_version", "pci.bus_id"]
 GPU_QUERY = ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
@@ -173,14 +174,20 @@ tag() { awk -v n="$1" '{ print n " " $0; fflush() }'; }
   { echo '@@iommu'; {iommu}; } | tag 6 &
   wait; } | sort -s -n -k1,1 | cut -d ' ' -f 2-
 echo '@@nccl'; {nccl}
+echo '@@baseline'; cat {baseline} 2>/dev/null
 echo '@@os'; cat /etc/os-release
 echo '@@kernel'; uname -r
 echo '@@end'
 """.replace("{query}", " ".join(GPU_QUERY[1:])).replace("{xml_filter}", XML_FILTER).replace("{iommu}", IOMMU_SCRIPT) \
-    .replace("{nccl}", NCCL_SCRIPT)
-# $1: the CUDA home (nvcc); $2: the serving venv (its NCCL), may be empty. The fitness sections
-# (core/fitness.py) are read with the rest: one round trip still.
-FACTS_SECTIONS = ("query", "smi", "topo", "nvcc", "fitness", "iommu", "nccl", "os", "kernel", "end")
+    .replace("{nccl}", NCCL_SCRIPT).replace("{baseline}", BASELINE_FILE)
+# $1: the CUDA home (nvcc). The fitness sections (core/fitness.py) are read with the rest, and the
+# host's fitness baseline (core/fitness_baseline.py: the drift check compares the two): one round
+# trip still.
+FACTS_SECTIONS = ("query", "smi", "topo", "nvcc", "fitness", "iommu", "nccl", "baseline", "os", "kernel", "end")
+# The sections an answer must have to be whole. Not the baseline: it is the drift check's, not a
+# fact (HostFacts leaves it out; fitness_baseline.drift_of reads it), and an answer cut before it
+# lacks @@os and @@end too.
+REQUIRED_SECTIONS = tuple(name for name in FACTS_SECTIONS if name != "baseline")
 
 
 @dataclass
@@ -235,7 +242,7 @@ def parse_facts(text: str) -> HostFacts:
     """The answer of `FACTS_SCRIPT`. Raises `FactError` when it is not whole (a section or the
     final @@end missing): a cut-short answer is never read as a host without GPUs."""
     s = split_sections(text)
-    missing = [name for name in FACTS_SECTIONS if name not in s]
+    missing = [name for name in REQUIRED_SECTIONS if name not in s]
     if missing:
         raise _cut_short(text, missing)
     problems = []

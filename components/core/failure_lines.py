@@ -80,6 +80,9 @@ CONSEQUENCES = ("Scheduler hit an exception", "Received sigquit from a child pro
                 "During handling of the above exception")
 # The journal's own prefix (`journalctl -o short-iso`: time, host, unit[pid]:), stripped.
 _JOURNAL_PREFIX = re.compile(r"^\d{4}-\d\d-\d\dT\S+ \S+ [^:\s]+(?:\[\d+\])?: ", re.ASCII)
+# SGLang's own log prefix (its logger's format: time, then the rank it runs as, "[2026-12-04
+# 10:14:02 TP0 EP0] "), stripped too: the ledger says when; the line says what.
+_SGLANG_PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?: [A-Z]+\d+)*\] ", re.ASCII)
 MAX_LINE = 240
 
 
@@ -95,7 +98,7 @@ def _cut(line: str) -> str:
 
 
 def _lines(journal: str) -> list[str]:
-    return [_JOURNAL_PREFIX.sub("", line).strip() for line in journal.splitlines() if line.strip()]
+    return [_SGLANG_PREFIX.sub("", _JOURNAL_PREFIX.sub("", line).strip()) for line in journal.splitlines() if line.strip()]
 
 
 def phase_of(lines: list[str], upto: int) -> str:

@@ -4,6 +4,11 @@ measured another machine: `compare` and `advise` mark them "not comparable: <wha
 the drift check reports **fitness drift** (its own kind: `pulumi up` cannot repair hardware or a
 driver), and `readiness.fitness` (warn | refuse) decides whether a start goes ahead.
 
+The baseline every checkout and provider sees lives with the machine: each benchmark run writes
+its fitness beside the figures (meta.json) and, on the host, `BASELINE_FILE` (`baseline_document`),
+which the drift check's facts read and the switch's check read with what the GPUs say now (never
+drift itself: no resource declares it; a new benchmark replaces it).
+
 Pure; cases under tests/data/fitness/.
 
 Only what a setting or the hardware decides is compared, never a reading that moves with load:
@@ -13,6 +18,7 @@ trains its link down to save power).
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Union
 
@@ -25,6 +31,10 @@ NOT_COMPARABLE = "not comparable: "
 POLICIES = ("warn", "refuse")
 # Power limits are set in whole watts; the report prints two decimals.
 POWER_TOLERANCE_W = 0.5
+# The host's baseline: the fitness its newest benchmark recorded (written by `bench`, read by the
+# drift check and the switch). Under /var/lib: kept across reboots, as the machine's record is.
+BASELINE_FILE = "/var/lib/gpu-serving/fitness-baseline.json"
+BASELINE_SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -116,9 +126,13 @@ def compare(baseline: Fitness, now: Fitness) -> Optional[list[Change]]:
     if then is None or cur is None or not then.gpus or not cur.gpus:
         return None
     out: list[Change] = []
+    # NCCL only when both readings found it in the same place: the serving venv's (pip's, which
+    # torch prefers) is the stack's own declaration (venv.packages), the system's is the machine's;
+    # a reading of one against the other would be a change of what was read, not of the host.
+    same_nccl = (then.nccl_source or "system") == (cur.nccl_source or "system")
     for what, a, b in (("driver", then.driver_version, cur.driver_version),
                        ("CUDA (driver API)", then.cuda_version, cur.cuda_version),
-                       ("NCCL", then.nccl_version, cur.nccl_version)):
+                       ("NCCL", then.nccl_version if same_nccl else None, cur.nccl_version)):
         if a and b and a != b:
             out.append(Change("host", what, a, b))
     if then.iommu is not None and cur.iommu is not None and then.iommu != cur.iommu:
@@ -194,3 +208,49 @@ def baseline_of(runs: Iterable[Any], host: str) -> Optional[Any]:
     `host` that recorded fitness: the baseline a host's fitness is compared with."""
     found = [r for r in runs if getattr(r, "fitness", None) and r.host == host]
     return found[-1] if found else None
+
+
+# --------------------------------------------------------------------------- the host's baseline
+
+@dataclass(frozen=True)
+class HostBaseline:
+    """The baseline a host keeps (BASELINE_FILE): which benchmark recorded it, and its fitness."""
+    stack: str
+    run: str  # <stack>/<folder> under results/bench of the checkout that ran it
+    date: str  # the run's start, UTC ISO 8601
+    host: str  # the host as the benchmark named it (its settings' target, and its fleet entry)
+    fitness: dict[str, Any]
+
+    def words(self) -> str:
+        """How messages name it: "the benchmark of 2026-12-01 (tp8)"."""
+        return f"the benchmark of {self.date[:10]} ({self.stack})"
+
+
+def baseline_document(*, stack: str, run: str, date: str, host: str, fitness: dict[str, Any]) -> str:
+    """BASELINE_FILE's text, as `bench` writes it after a run that read the host's fitness."""
+    return json.dumps({"schema": BASELINE_SCHEMA, "stack": stack, "run": run, "date": date, "host": host,
+                       "fitness": fitness}, indent=1, sort_keys=True) + "\n"
+
+
+def parse_baseline(text: Optional[str]) -> tuple[Optional[HostBaseline], Optional[str]]:
+    """(baseline, problem) from BASELINE_FILE's text: (None, None) when the host has none (never
+    benchmarked); a file that is not one is a problem named, never a drift."""
+    if text is None or not text.strip():
+        return None, None
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        return None, f"{BASELINE_FILE} is not JSON ({exc}); benchmark again to write it anew"
+    if not isinstance(doc, dict) or not isinstance(doc.get("fitness"), dict) or doc.get("schema") != BASELINE_SCHEMA:
+        return None, f"{BASELINE_FILE} is not a fitness baseline of schema {BASELINE_SCHEMA}; benchmark again to write it anew"
+    return HostBaseline(stack=str(doc.get("stack") or "?"), run=str(doc.get("run") or ""), date=str(doc.get("date") or ""),
+                        host=str(doc.get("host") or ""), fitness=doc["fitness"]), None
+
+
+def drift_of(host: str, baseline: Optional[HostBaseline], now: Fitness) -> str:
+    """The drift check's line for a host (`drift_message`), or "" when nothing changed or
+    nothing is known (no baseline, the GPUs not read)."""
+    if baseline is None:
+        return ""
+    changes = compare(baseline.fitness, now)
+    return drift_message(host, changes, baseline.words()) if changes else ""

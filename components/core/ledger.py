@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 from typing import Any, Iterable, Optional
@@ -139,6 +140,52 @@ def warning(f: Failure, *, driver_version: str = "", sglang_version: str = "") -
     if since:
         text += "; " + ", ".join(since)
     return text + f" [ledger entry {f.id}: `python -m components ledger clear --id {f.id}` once it is fixed]" if f.id else text
+
+
+def warnings_for(failures: Iterable[Failure], *, argv: list[str], gpu_model: str = "", driver_version: str = "",
+                 sglang_version: str = "") -> list[str]:
+    """What `plan`, `preview` and `advise` say before a start of `argv`, word for word the same:
+    one `warning` per recorded failure it repeats (`matches`), newest first."""
+    return [warning(f, driver_version=driver_version, sglang_version=sglang_version)
+            for f in matches(failures, argv=argv, gpu_model=gpu_model)]
+
+
+def model_of(argv: list[str]) -> str:
+    """The model a start serves, in the operator's words: its served name, else its directory's name."""
+    flags = start_flags(argv)
+    return flags.get("--served-model-name") or flags.get("--model-path", "").rstrip("/").rsplit("/", 1)[-1]
+
+
+# What a failed start's signature needs from its host beyond the journal, in one round trip after
+# the failure (never on the way to a start): the GPU model and driver (nvidia-smi's query), and the
+# SGLang the venv imports (its package's version.py, where SGLang keeps `__version__`: no Python
+# started, and whatever distribution installed it). $1: the venv.
+FAILED_START_SCRIPT = r"""
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+echo @@sglang
+cat "$1"/lib/python3*/site-packages/sglang/version.py 2>/dev/null
+"""
+
+
+def venv_of(argv: list[str]) -> str:
+    """The venv of a server's ExecStart (its interpreter `<venv>/bin/python`), "" when not one."""
+    first = str(argv[0]) if argv else ""
+    return first.rsplit("/bin/", 1)[0] if "/bin/" in first else ""
+
+
+def parse_failed_start(text: str) -> tuple[dict[str, Any], str]:
+    """(facts for `signature`: gpu_models and driver_version, the SGLang version) from
+    FAILED_START_SCRIPT's answer; what it does not say is left empty."""
+    head, _, tail = text.partition("@@sglang")
+    models: set[str] = set()
+    driver = ""
+    for line in head.splitlines():
+        name, _, version = line.rpartition(",")
+        if name.strip() and version.strip():
+            models.add(name.strip())
+            driver = driver or version.strip()
+    found = re.search(r"^__version__\s*=\s*[\"']([^\"'\s]+)[\"']", tail, re.M | re.ASCII)
+    return {"gpu_models": sorted(models), "driver_version": driver}, (found.group(1) if found else "")
 
 
 def describe(f: Failure) -> str:

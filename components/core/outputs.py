@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from .layout_words import layout_text
+
 # Host facts left out of the stack output `host` (see the module's docstring).
 NOT_IN_HOST_OUTPUT = ("fitness",)
 # The memory plan's own figures, in the order shown (the rest are the settings it was given).
@@ -110,13 +112,8 @@ def memory_output(memory: dict[str, Any]) -> dict[str, Any]:
 
 
 def layout_line(layout: dict[str, Any]) -> str:
-    """`tp 8 x pp 1 (ep 8, dp 1; attention tp 8, MoE tp 1, all-to-all none)`."""
-    text = (f"tp {layout.get('tp_size')} x pp {layout.get('pp_size')} (ep {layout.get('ep_size')}, "
-            f"dp {layout.get('dp_size')}")
-    if layout.get("enable_dp_attention"):
-        text += ", dp-attention"
-    return text + (f"; attention tp {layout.get('attn_tp_size')}, MoE tp {layout.get('moe_tp_size')}, "
-                   f"all-to-all {layout.get('moe_a2a_backend')})")
+    """`tp 8 x pp 1 (ep 8, dp 1; attention tp 8, MoE tp 1, all-to-all none)` (strategy.layout_text)."""
+    return layout_text(layout, detail=True)
 
 
 def strategy_output(name: str, world_size: int, layout: dict[str, Any], nodes: Optional[list[Any]] = None) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from . import cuda, status, venv
+from . import cuda, fitness_read, status, venv
 from .facts import ENVIRONMENT_SHOW_OPTIONS, FACTS_SCRIPT, SHOW_OPTIONS, UNIT_PROPERTIES, show_options
 from .unit import MANAGED_UNITS_GREP, UNIT_DIR
 
@@ -229,6 +229,13 @@ def rank(unit: str, line: str) -> dict[str, Any]:
 def readiness(props: dict[str, Any]) -> list[dict[str, Any]]:
     """ReadinessProvider: one poll without waiting and without the journal."""
     return [snapshot(props["unit"], probe_address(props["bind"]), int(props["port"]), REFRESH_GENERATION_TIMEOUT, None)]
+
+
+def fitness(always: bool = False) -> dict[str, Any]:
+    """The host's fitness baseline and, when it has one (or `always`), its GPUs' fitness now
+    (fitness_read.FITNESS_SCRIPT): the switch's readiness.fitness check, status, compare, advise."""
+    return command(["sh", "-c", fitness_read.FITNESS_SCRIPT, "sh", "always" if always else "if-baseline"],
+                   purpose="reading the GPUs' fitness", timeout=60, check=False)
 
 
 def serving(with_environ: bool = False) -> dict[str, Any]:

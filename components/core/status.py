@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from .changes import environment_changes, flag_changes
 from .facts import SHOW_OPTIONS
+from .layout_words import layout_text
 from .readiness import flag_groups
 from .unit import MANAGED_UNITS_GREP, MARKER_KEY, ROUTED_KEY, UNIT_DIR, own_drop_ins
 
@@ -176,8 +177,7 @@ def layout_of_argv(argv: list[str]) -> dict[str, Any]:
 def describe_layout(layout: Optional[dict[str, Any]]) -> str:
     if not layout:
         return "layout unknown (no process)"
-    text = f"tp {layout.get('tp_size')} x pp {layout.get('pp_size')} (ep {layout.get('ep_size')}, dp {layout.get('dp_size')}"
-    return text + (", dp-attention)" if layout.get("enable_dp_attention") else ")")
+    return layout_text(layout)
 
 
 def describe_uptime(seconds: Optional[float]) -> str:
@@ -325,6 +325,19 @@ def strip_secret_lines(text: str, secret_keys: list[str]) -> str:
                    if not any(line.startswith(f"{k}=") for k in secret_keys))
 
 
+def fitness_lines(f: Optional[dict[str, Any]]) -> list[str]:
+    """The host's fitness (fitness_read.FitnessNow.as_dict): its drift from the benchmark baseline
+    (the drift check's own line), what is degraded now, what could not be read."""
+    if not f:
+        return []
+    out = [f"  fitness   {f['drift']}" if f.get("drift") else
+           f"  fitness   as {f['baseline']} measured it" if f.get("baseline") else
+           "  fitness   no benchmark baseline on this host (`python -m components bench` records one)"]
+    out += [f"  degraded  {d}" for d in f.get("degraded") or []]
+    out += [f"  warning   fitness: {p}" for p in f.get("problems") or []]
+    return out
+
+
 def render_status(doc: dict[str, Any]) -> str:
     """One screen per host: what serves, its readiness now, and each stack's files."""
     out = []
@@ -355,6 +368,7 @@ def render_status(doc: dict[str, Any]) -> str:
             out.append(f"  warning   also running: {other['unit']} (stack {other['stack']})")
         if h.get("boot"):
             out.append(f"  warning   {h['boot']}")
+        out += fitness_lines(h.get("fitness"))
         for s in h["stacks"]:
             mark = "*" if serving and s["unit"] == serving["unit"] else " "
             state = s.get("state", "not on this host")

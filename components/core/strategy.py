@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from . import flags
 from .config import A2A_BACKENDS, NAMESPACE, StackSettings
 from .errors import SettingError, shown
+from .layout_words import layout_text
 from .unit import unit_name
 
 S = f"{NAMESPACE}:strategy"
@@ -65,15 +67,15 @@ class Layout:
             return self.tp_size // self.dp_size
         return self.tp_size
 
+    def as_dict(self) -> dict[str, Any]:
+        """The layout as the plan, the outputs and the status screens carry it (the sizes SGLang
+        resolves and what they make of the attention and MoE groups)."""
+        return {"tp_size": self.tp_size, "pp_size": self.pp_size, "ep_size": self.ep_size, "dp_size": self.dp_size,
+                "enable_dp_attention": self.enable_dp_attention, "moe_a2a_backend": self.moe_a2a_backend,
+                "moe_tp_size": self.moe_tp_size, "attn_tp_size": self.attn_tp_size, "nnodes": self.nnodes}
+
     def describe(self) -> str:
-        parts = [f"tp {self.tp_size}", f"pp {self.pp_size}", f"ep {self.ep_size}", f"dp {self.dp_size}"]
-        if self.enable_dp_attention:
-            parts.append("dp-attention")
-        if self.moe_a2a_backend != "none":
-            parts.append(f"a2a {self.moe_a2a_backend}")
-        if self.nnodes > 1:
-            parts.append(f"{self.nnodes} nodes")
-        return ", ".join(parts)
+        return layout_text(self.as_dict())
 
     def node_share(self, rank: int) -> tuple[range, range]:
         """(TP ranks, pipeline stages) node `rank` runs, as SGLang's launcher assigns them: the

@@ -5,7 +5,10 @@ tests/data/watch/.
 A tick is, per stack: the steps of `pulumi preview --refresh` (each resource whose host truth
 differs from the declaration), and per host: the `status` read (what serves). The two together
 tell "someone switched" (another stack's unit serves: this stack is superseded) from "someone
-edited" (a file or the running server of a stack differs from its declaration).
+edited" (a file or the running server of a stack differs from its declaration). A third kind is
+the machine's own: **fitness drift** (the host facts' `fitnessDrift`, core/fitness_baseline.py),
+the GPUs no longer as the host's benchmark measured them, which no `up` repairs: never counted
+as an edit.
 """
 from __future__ import annotations
 
@@ -138,7 +141,11 @@ def line_changes(declared: str, on_host: str, *, may_hold_secrets: bool = False)
 
 def resource_drift(step: dict[str, Any]) -> dict[str, Any]:
     """One preview step as the watch reports it. `step`: name, type, op, old (the inputs as the
-    refresh read them from the host) and new (the declared inputs)."""
+    refresh read them from the host) and new (the declared inputs); `fitness`: the host facts'
+    fitnessDrift output, when the refresh found one (the whole line: it says what to do)."""
+    if step.get("fitness"):
+        return {"resource": step["name"], "type": step["type"].rpartition(":")[2] or step["type"], "op": step["op"],
+                "keys": ["fitnessDrift"], "lines": [str(step["fitness"])], "fitness": str(step["fitness"])}
     old, new = step.get("old") or {}, step.get("new") or {}
     keys = sorted(k for k in set(old) | set(new) if k not in IGNORED_KEYS and old.get(k) != new.get(k))
     lines: list[str] = []
@@ -206,16 +213,19 @@ def tick_document(results: list[dict[str, Any]], status: dict[str, Any], *, chec
             on_host = bool(own and own.get("state") != "not on this host")
             superseded = (on_host and not serving_here and serving is not None and serving["stack"] != r["stack"]) \
                 or any("superseded" in i for i in items)
+            fitness = [i["fitness"] for i in items if i.get("fitness")]
+            items = [i for i in items if not i.get("fitness")]
             switched = [i for i in items if superseded and set(i["keys"]) <= SWITCH_KEYS and "file" not in i]
             edited = [i for i in items if i not in switched]
             error = h.get("error") or (r.get("error") if r.get("error") else None)
             readiness = (h.get("readiness") or {}).get("status") if serving_here else None
             if not r.get("deployed", True) and not error:
-                edited, switched = [], []  # a stack never deployed: nothing of it to drift
+                edited, switched, fitness = [], [], []  # a stack never deployed: nothing of it to drift
             state = ("unreachable" if error else "not deployed" if not r.get("deployed", True)
-                     else "drifted" if edited else "superseded" if superseded else "clean")
+                     else "drifted" if edited else "superseded" if superseded else "fitness drift" if fitness else "clean")
             errors += bool(error)
             out_hosts.append({"host": target, "entry": entry, "state": state, "drifted": edited, "switched": switched,
+                              "fitness_drift": [] if error else fitness,
                               "serving_here": serving_here, "superseded": superseded and not error,
                               "host_serving": None if error else serving,
                               "readiness": readiness, "ready": None if error else (readiness == "ready"),
@@ -254,13 +264,21 @@ def _clean_line(host: str, stacks: list[str]) -> str:
     return f"clean: {_stacks_text(stacks)} on {host}: no drift"
 
 
+def _fitness_line(line: str, stacks: list[str]) -> str:
+    return f"{line} ({_stacks_text(stacks)})"
+
+
+def _fitness_clean_line(host: str, stacks: list[str]) -> str:
+    return f"fitness: {host} is as its benchmark measured it again ({_stacks_text(stacks)})"
+
+
 def _stacks_text(stacks: list[str]) -> str:
     return f"stack {stacks[0]}" if len(stacks) == 1 else "stacks " + ", ".join(stacks)
 
 
 def changes(before: Optional[dict[str, Any]], now: dict[str, Any]) -> list[dict[str, Any]]:
     """What changed since the previous tick, one entry per change: kind (switched, edited, clean,
-    unreachable, reachable, readiness, router), stack (the first of `stacks`), stacks, host, line.
+    fitness, unreachable, reachable, readiness, router), stack (the first of `stacks`), stacks, host, line.
     The first tick (`before` None) only records: what it finds is the state the next tick compares
     with, not a change. One edit is one entry per host and file, however many stacks declare the
     file (the shared environment file belongs to every strategy stack of the model)."""
@@ -312,6 +330,13 @@ def changes(before: Optional[dict[str, Any]], now: dict[str, Any]) -> list[dict[
         if not h["drifted"] and before_items:
             add_grouped(("clean", host), "clean", stack, host,
                         partial(_clean_line, host))
+        # The machine's own drift: one entry a host and line, however many stacks read it there.
+        was_fitness = (p or {}).get("fitness_drift") or []
+        for line in h.get("fitness_drift") or []:
+            if line not in was_fitness:
+                add_grouped(("fitness", host, line), "fitness", stack, host, partial(_fitness_line, line))
+        if p is not None and was_fitness and not h.get("fitness_drift"):
+            add_grouped(("fitness-clean", host), "fitness", stack, host, partial(_fitness_clean_line, host))
         if p is not None and not was_error and h["serving_here"] and p.get("serving_here") \
                 and p.get("readiness") != h["readiness"]:
             add("readiness", stack, host, f"readiness: stack {stack} on {host}: {p.get('readiness') or 'unknown'} -> "
@@ -346,6 +371,8 @@ METRICS = (
     ("gpu_serving_ready", "gauge", "1 when this stack serves on the host and its readiness is ready"),
     ("gpu_serving_host_up", "gauge", "1 when the last check reached the host"),
     ("gpu_serving_in_router", "gauge", "1 when the fleet's router routes to the host (only hosts behind a router it read)"),
+    ("gpu_serving_fitness_drift", "gauge", "1 when the host's GPUs differ from its benchmark baseline (power, clocks, "
+     "PCIe link, ECC, driver: not repairable by pulumi up)"),
 )
 
 
@@ -359,6 +386,7 @@ def render_prometheus(doc: dict[str, Any]) -> str:
         "gpu_serving_ready": lambda h: int(bool(h["ready"])),
         "gpu_serving_host_up": lambda h: int(not h["error"]),
         "gpu_serving_in_router": lambda h: int(bool((h.get("router") or {}).get("in_router"))),
+        "gpu_serving_fitness_drift": lambda h: int(bool(h.get("fitness_drift"))),
     }
     out = []
     for name, kind, help_text in METRICS:
@@ -379,7 +407,8 @@ def render_prometheus(doc: dict[str, Any]) -> str:
 def webhook_payload(doc: dict[str, Any], found: list[dict[str, Any]]) -> dict[str, Any]:
     """What the webhook receives on a change: the changes and the tick's summary per stack and host."""
     return {"checked_at": doc["checked_at"], "changes": found,
-            "status": [{"stack": s["stack"], "host": h["host"], "state": h["state"], "drifted": len(h["drifted"])}
+            "status": [{"stack": s["stack"], "host": h["host"], "state": h["state"], "drifted": len(h["drifted"]),
+                        **({"fitness_drift": h["fitness_drift"]} if h.get("fitness_drift") else {})}
                        for s in doc["stacks"] for h in s["hosts"]]}
 
 

@@ -21,14 +21,16 @@ from typing import Callable, Optional
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, ResourceProvider, UpdateResult
 
 from ..core import bench as B
+from ..core.cache import cache_root
 from ..core import reads
 from ..core import status as S
 from ..core.plan import check_stack, declared_layout
 from ..core.stack_config import from_files
 from ..core.facts import FactError, parse_facts
 from ..core.fitness import with_venv_nccl
+from ..core.fitness_baseline import BASELINE_FILE, baseline_document
 from ..core.venv import distribution_of, normalize, parse_venv_probe
-from . import identity, ssh
+from . import identity, rehearsal_adapter, ssh
 from . import status as remote_status
 from .common import changed as _changed
 from .common import progress as _progress
@@ -36,19 +38,13 @@ from .common import require_target as _require_target
 from .common import resource_id
 from .installers import sync_files
 
-REPO = Path(__file__).resolve().parents[2]
-CLIENT_REQUIREMENTS = REPO / "rehearsal" / "bench_client.txt"
 PIP_TIMEOUT = 1800
-
-
-def _cache() -> Path:
-    return Path(os.environ.get("GPU_SERVING_CACHE") or "/var/cache/gpu-serving")
 
 
 def local_client_wheels(specs: list[str], progress: Callable[[str], None]) -> dict[str, Path]:
     """The client's wheels on this machine: the cache, filled by `pip download` (this machine's
     pip cache or PyPI) for the pins it does not have yet. {file name: path}."""
-    cache = _cache() / "bench-client" / "wheels"
+    cache = cache_root() / "bench-client" / "wheels"
     cache.mkdir(parents=True, exist_ok=True)
 
     def have() -> dict[tuple[str, str], Path]:
@@ -83,7 +79,7 @@ def local_client_wheels(specs: list[str], progress: Callable[[str], None]) -> di
 def install_rehearsal_client(t: ssh.Target, python: str, progress: Callable[[str], None]) -> None:
     """Push the pinned client wheels and install them (no index, no dependency resolution) into
     their own directory; skipped when that directory already holds exactly these pins."""
-    specs = B.parse_requirements(CLIENT_REQUIREMENTS.read_text())
+    specs = B.parse_requirements(rehearsal_adapter.bench_client_requirements())
     digest = hashlib.sha256("\n".join(specs).encode()).hexdigest()
     marker = ssh.read_file(t, f"{B.CLIENT_DIR}/{B.CLIENT_MARKER}")
     if marker is not None and marker.decode(errors="replace").strip() == digest:
@@ -209,7 +205,25 @@ def run_on_host(t: ssh.Target, spec: dict, results_root: Path, progress: Callabl
                  client_module=found["module"], server_version=server_version, rehearsal=rehearsal, started=started,
                  finished=datetime.now(timezone.utc), settings=bench, levels=summaries, fitness=fitness)
     (out_dir / "meta.json").write_text(json.dumps(doc, indent=2) + "\n")
+    if fitness:
+        keep_baseline(t, stack, f"{stack}/{out_dir.name}", started, spec["hostLabel"], fitness, progress)
     return out_dir, doc
+
+
+def keep_baseline(t: ssh.Target, stack: str, run: str, started: datetime, host: str, fitness: dict,
+                  progress: Callable[[str], None]) -> None:
+    """The run's fitness as the host's baseline (core/fitness_baseline.py), kept on the host where
+    every checkout's drift check and switch read it; a host that refuses the write keeps its old
+    baseline, and the run its figures (said, never a failure of the run)."""
+    try:
+        ssh.run(t, ["mkdir", "-p", "--", BASELINE_FILE.rsplit("/", 1)[0]], purpose="creating /var/lib/gpu-serving", timeout=60)
+        ssh.write_file(t, BASELINE_FILE, baseline_document(stack=stack, run=run, date=started.isoformat(timespec="seconds"),
+                                                           host=host, fitness=fitness).encode(), 0o644)
+    except ssh.RemoteError as exc:
+        progress(f"bench {stack}: warning: the host's fitness baseline was not written ({exc}): the drift check and "
+                 f"readiness.fitness still compare with the one before")
+        return
+    progress(f"bench {stack}: the host's fitness is now its baseline ({BASELINE_FILE}): the drift check compares with it")
 
 
 # ---------------------------------------------------------------------------------------

@@ -23,6 +23,13 @@ def connection_of(props: Any) -> dict[str, Any]:
     return dict(c) if isinstance(c, Mapping) else {}
 
 
+def host_name(props: Any, t: ssh.Target) -> str:
+    """A machine as the team names it in a message that outlives the run (the failure ledger, the
+    fitness drift): its fleet entry, a rehearsal host's name, else the login."""
+    entry = props.get("hostEntry") if isinstance(props, Mapping) else None
+    return str(entry or "") or str(connection_of(props).get("rehearsal") or "") or t.label
+
+
 def reachable(props: Any) -> bool:
     """The program resolved the resource's machine (a rehearsal host not running is `unavailable`)."""
     c = connection_of(props)

@@ -30,10 +30,12 @@ from ..core import cuda as C
 from ..core import reads
 from ..core import venv as V
 from ..core.reads import PROBE_TIMEOUT
+from ..core.specs_install import CudaSpec, VenvSpec
 from . import identity, rehearsal_adapter, ssh
 from .common import changed as _changed
 from .common import progress as _progress
 from .common import require_target as _target
+from .common import resource_id
 
 INSTALL_LOCK = "/run/lock/gpu-serving-install.lock"
 LOCK_WAIT = 1800  # seconds to wait for another stack's install on the same host
@@ -75,16 +77,9 @@ def sync_files(t: ssh.Target, files: dict[str, Path], remote_dir: str, mode: int
 # ---------------------------------------------------------------------------------------------
 @identity.guarded
 class CudaToolkitProvider(ResourceProvider):
-    """The CUDA toolkit at props["home"], at props["version"].
-
-    props: connection, version, home, install ("apt" | "verify"), aptPackage, aptRepository
-    (None = NVIDIA's for the host's OS, "rehearsal", or a "deb [signed-by=...] URI suite" line),
-    keyringSha256 (the pin), rehearsalRepo ({localDir, keyringFile, remoteDir} or None),
-    installTimeout. Outputs: version (what nvcc reports; None when absent), nvccRelease,
-    sourceLine (the apt source used by the last install).
+    """The CUDA toolkit (props: CudaSpec). Outputs: version (what nvcc reports; None when
+    absent), nvccRelease, sourceLine (the apt source used by the last install).
     """
-
-    DIFFED = ["version", "home", "install", "aptPackage", "aptRepository", "keyringSha256", "connection"]
 
     @staticmethod
     def read_requests(props: dict) -> list[dict]:
@@ -94,8 +89,8 @@ class CudaToolkitProvider(ResourceProvider):
         request, = self.read_requests(props)
         return C.parse_cuda_probe(ssh.fetch(t, request).stdout)
 
-    def _source(self, props: dict, observed: C.CudaObserved) -> C.AptSource:
-        repo = props.get("aptRepository")
+    def _source(self, spec: CudaSpec, observed: C.CudaObserved) -> C.AptSource:
+        repo = spec.apt_repository
         if repo == C.REHEARSAL:
             return rehearsal_adapter.cuda_source()
         if repo:
@@ -105,18 +100,18 @@ class CudaToolkitProvider(ResourceProvider):
         except ValueError as exc:
             raise ssh.RemoteError(f"gpu-serving:cuda: {exc}") from None
 
-    def _keyring(self, t: ssh.Target, props: dict, source: C.AptSource) -> None:
+    def _keyring(self, t: ssh.Target, spec: CudaSpec, source: C.AptSource) -> None:
         """Put the pinned keyring at the source's signed-by path (nothing when it is there)."""
-        path, pin = source.keyring, props["keyringSha256"]
+        path, pin = source.keyring, spec.keyring_sha256
         if path is None:  # cuda.parse_apt_line refuses a line without one, and the built-in sources name theirs
             raise ssh.RemoteError(f"the apt source {source.line} names no signed-by keyring: add [signed-by=/path]")
         current = ssh.read_file(t, path)
         if current is not None and hashlib.sha256(current).hexdigest() == pin:
             return
-        rehearsal = props.get("rehearsalRepo")
+        rehearsal = spec.rehearsal_repo
         if rehearsal:
-            data = Path(rehearsal["keyringFile"]).read_bytes()
-            origin = rehearsal["keyringFile"]
+            data = Path(rehearsal.keyring_file).read_bytes()
+            origin = rehearsal.keyring_file
         else:
             url = source.keyring_url
             if url is None:
@@ -137,17 +132,17 @@ class CudaToolkitProvider(ResourceProvider):
                                   "only if it is really the repository's key.")
         ssh.write_file(t, path, data, 0o644)
 
-    def _install(self, t: ssh.Target, props: dict, observed: C.CudaObserved, action: C.CudaAction) -> str:
-        source = self._source(props, observed)
-        rehearsal = props.get("rehearsalRepo")
+    def _install(self, t: ssh.Target, spec: CudaSpec, observed: C.CudaObserved, action: C.CudaAction) -> str:
+        source = self._source(spec, observed)
+        rehearsal = spec.rehearsal_repo
         if rehearsal:
-            local = Path(rehearsal["localDir"])
+            local = Path(rehearsal.local_dir)
             if not local.is_dir():
                 raise ssh.RemoteError(rehearsal_adapter.cuda_repo_gone(str(local)))
-            pushed = sync_files(t, {p.name: p for p in local.iterdir() if p.is_file()}, rehearsal["remoteDir"])
+            pushed = sync_files(t, {p.name: p for p in local.iterdir() if p.is_file()}, rehearsal.remote_dir)
             if pushed:
-                _progress(f"cuda: pushed {len(pushed)} file(s) of the rehearsal repository to {rehearsal['remoteDir']}")
-        self._keyring(t, props, source)
+                _progress(f"cuda: pushed {len(pushed)} file(s) of the rehearsal repository to {rehearsal.remote_dir}")
+        self._keyring(t, spec, source)
         text = C.render_source_file(source).encode()
         if ssh.read_file(t, C.SOURCE_FILE) != text:
             ssh.write_file(t, C.SOURCE_FILE, text, 0o644)
@@ -163,33 +158,33 @@ class CudaToolkitProvider(ResourceProvider):
                                 "-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
                                 *(["--reinstall"] if action.action == "reinstall" else []), *action.packages]),
                     purpose=f"apt-get install {' '.join(action.packages)}",
-                    timeout=LOCK_WAIT + float(props.get("installTimeout") or C.INSTALL_TIMEOUT))
+                    timeout=LOCK_WAIT + (spec.install_timeout or C.INSTALL_TIMEOUT))
         except ssh.RemoteError as exc:
             raise ssh.RemoteError(f"{exc}\n(only the CUDA source was updated; if a dependency from the distribution is "
                                   f"missing or gives 404, run apt-get update on {t.label} once and `up` again)") from None
         return source.line
 
     def _converge(self, props: dict) -> dict:
-        t = _target(props)
+        t, spec = _target(props), CudaSpec.from_props(props)
         observed = self._probe(t, props)
-        action = C.cuda_action(version=props["version"], home=props["home"], install=props["install"],
-                               package=props["aptPackage"], observed=observed)
-        source_line = props.get("sourceLine")
+        action = C.cuda_action(version=spec.version, home=spec.home, install=spec.install, package=spec.apt_package,
+                               observed=observed)
+        source_line = spec.source_line
         if action.action == "fail":
             raise ssh.RemoteError(f"{t.label}: {action.reason}")
         if action.action != "none":
-            source_line = self._install(t, props, observed, action)
+            source_line = self._install(t, spec, observed, action)
             observed = self._probe(t, props)
-            if observed.nvcc_version != props["version"]:
+            if observed.nvcc_version != spec.version:
                 found = f"reports {observed.nvcc_version}" if observed.nvcc_version else "is still missing"
-                raise ssh.RemoteError(f"{t.label}: apt-get installed {' '.join(action.packages)} but {props['home']}/bin/nvcc {found}; "
+                raise ssh.RemoteError(f"{t.label}: apt-get installed {' '.join(action.packages)} but {spec.home}/bin/nvcc {found}; "
                                       "check gpu-serving:cuda.home and cuda.aptPackage")
         else:
             _progress(f"cuda: {action.reason}; nothing to do")
         return {**props, "version": observed.nvcc_version, "nvccRelease": observed.nvcc_release, "sourceLine": source_line}
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['home']}", outs=self._converge(props))
+        return CreateResult(id_=resource_id(props, CudaSpec.from_props(props).home), outs=self._converge(props))
 
     def update(self, id, olds, news):
         return UpdateResult(outs=self._converge({**news, "sourceLine": olds.get("sourceLine")}))
@@ -202,7 +197,7 @@ class CudaToolkitProvider(ResourceProvider):
         return ReadResult(id_=id, outs=outs, inputs=inputs)
 
     def diff(self, id, olds, news):
-        changed = _changed(olds, news, self.DIFFED)
+        changed = _changed(olds, news, list(CudaSpec.DIFFED))
         return DiffResult(changes=bool(changed), replaces=["home"] if "home" in changed else [], stables=[],
                           delete_before_replace=False)
 
@@ -213,14 +208,9 @@ class CudaToolkitProvider(ResourceProvider):
 # ---------------------------------------------------------------------------------------------
 @identity.guarded
 class PythonVenvProvider(ResourceProvider):
-    """The venv at props["path"] with the pinned packages.
-
-    props: connection, path, python ("3.11"), packages (["name==version", ...]), wheelhouse
-    ({localDir, files: {name: sha256}, remoteDir} or None), installTimeout. Outputs: python and
-    packages as the host has them (read back), installed ({name: version}), pythonPath.
+    """The serving venv with the pinned packages (props: VenvSpec). Outputs: python and packages
+    as the host has them (read back), installed ({name: version}), pythonPath.
     """
-
-    DIFFED = ["path", "python", "packages", "connection"]
 
     @staticmethod
     def read_requests(props: dict) -> list[dict]:
@@ -241,29 +231,29 @@ class PythonVenvProvider(ResourceProvider):
         return res.stdout.strip().splitlines()[0]
 
     def _outs(self, props: dict, observed: V.VenvObserved) -> dict:
-        return {**props, **V.observed_view(props["packages"], observed), "pythonPath": f"{props['path']}/bin/python"}
+        spec = VenvSpec.from_props(props)
+        return {**props, **V.observed_view(list(spec.packages), observed), "pythonPath": f"{spec.path}/bin/python"}
 
     def _converge(self, props: dict) -> dict:
-        t = _target(props)
-        path, python = props["path"], props["python"]
+        t, spec = _target(props), VenvSpec.from_props(props)
+        path, python, packages = spec.path, spec.python, list(spec.packages)
         observed = self._probe(t, props)
-        refuse = V.venv_plan(python=python, packages=props["packages"], observed=observed, rebuilt_wheels=[]).refuse
+        refuse = V.venv_plan(python=python, packages=packages, observed=observed, rebuilt_wheels=[]).refuse
         if refuse:
             raise ssh.RemoteError(f"{t.label}: {refuse}")
-        wheelhouse = props.get("wheelhouse")
+        wheelhouse = spec.wheelhouse
         pushed: list[str] = []
         if wheelhouse:
-            local = Path(wheelhouse["localDir"])
-            missing = [n for n in wheelhouse["files"] if not (local / n).is_file()]
+            local = Path(wheelhouse.local_dir)
+            missing = [n for n in wheelhouse.files if not (local / n).is_file()]
             if missing:
                 raise ssh.RemoteError(f"the wheelhouse {local} no longer has {', '.join(missing)}: run the preview again")
-            pushed = sync_files(t, {n: local / n for n in wheelhouse["files"]}, wheelhouse["remoteDir"])
+            pushed = sync_files(t, {n: local / n for n in wheelhouse.files}, wheelhouse.remote_dir)
             if pushed:
-                _progress(f"venv: pushed {', '.join(pushed)} to {wheelhouse['remoteDir']}")
-        plan = V.venv_plan(python=python, packages=props["packages"], observed=observed,
-                           rebuilt_wheels=pushed if wheelhouse else [])
+                _progress(f"venv: pushed {', '.join(pushed)} to {wheelhouse.remote_dir}")
+        plan = V.venv_plan(python=python, packages=packages, observed=observed, rebuilt_wheels=pushed if wheelhouse else [])
         if not (plan.create or plan.install or plan.force_reinstall):
-            _progress(f"venv: {path} has python {observed.python} and {', '.join(props['packages'])}; nothing to do")
+            _progress(f"venv: {path} has python {observed.python} and {', '.join(packages)}; nothing to do")
             return self._outs(props, observed)
         if plan.create:
             exe = self._host_python(t, python)
@@ -276,38 +266,38 @@ class PythonVenvProvider(ResourceProvider):
                                       + "\n".join((res.stderr or res.stdout).strip().splitlines()[-10:]))
         pip = [f"{path}/bin/python", "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--progress-bar", "off"]
         if wheelhouse:
-            pip += ["--no-index", "--find-links", wheelhouse["remoteDir"]]
-        timeout = LOCK_WAIT + float(props.get("installTimeout") or V.INSTALL_TIMEOUT)
+            pip += ["--no-index", "--find-links", wheelhouse.remote_dir]
+        timeout = LOCK_WAIT + (spec.install_timeout or V.INSTALL_TIMEOUT)
         if plan.install or plan.create:
-            _progress(f"venv: installing {', '.join(props['packages'])} ({plan.reason})")
-            ssh.run(t, _locked([*pip, *props["packages"]]), purpose=f"pip install into {path}", timeout=timeout)
+            _progress(f"venv: installing {', '.join(packages)} ({plan.reason})")
+            ssh.run(t, _locked([*pip, *packages]), purpose=f"pip install into {path}", timeout=timeout)
         if plan.force_reinstall:
             # Same version, new wheel (the rehearsal engine rebuilt): pip would keep the old files.
             _progress(f"venv: reinstalling {', '.join(plan.force_reinstall)} from the changed wheel(s)")
             ssh.run(t, _locked([*pip, "--force-reinstall", "--no-deps", *plan.force_reinstall]),
                     purpose=f"pip reinstall into {path}", timeout=timeout)
         observed = self._probe(t, props)
-        left = V.venv_plan(python=python, packages=props["packages"], observed=observed, rebuilt_wheels=[])
+        left = V.venv_plan(python=python, packages=packages, observed=observed, rebuilt_wheels=[])
         if left.create or left.install:
             raise ssh.RemoteError(f"{t.label}: after pip install the venv {path} still differs: {left.reason}")
         return self._outs(props, observed)
 
     def create(self, props):
-        return CreateResult(id_=f"{props['connection']['host']}:{props['path']}", outs=self._converge(props))
+        return CreateResult(id_=resource_id(props, VenvSpec.from_props(props).path), outs=self._converge(props))
 
     def update(self, id, olds, news):
         return UpdateResult(outs=self._converge(news))
 
     def read(self, id, props):
         """The venv as it is: python version and the declared packages' installed versions."""
-        declared = props.get("declaredPackages") or props["packages"]
+        declared = list(VenvSpec.from_props(props).declared_packages)
         observed = self._probe(_target(props), props)
         outs = {**props, **V.observed_view(declared, observed)}
         inputs = {k: v for k, v in outs.items() if k not in V.OUTPUT_KEYS}
         return ReadResult(id_=id, outs=outs, inputs=inputs)
 
     def diff(self, id, olds, news):
-        changed = _changed(olds, news, self.DIFFED)
+        changed = _changed(olds, news, list(VenvSpec.DIFFED))
         if V.wheelhouse_key(olds.get("wheelhouse")) != V.wheelhouse_key(news.get("wheelhouse")):
             changed.append("wheelhouse")
         return DiffResult(changes=bool(changed), replaces=["path"] if "path" in changed else [], stables=[],

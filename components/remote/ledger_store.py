@@ -15,10 +15,13 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Iterator, Optional, Sequence
 from urllib.parse import unquote, urlparse
 
-from ..core.ledger import Failure
+from ..core.ledger import Failure, warnings_for
+
+if TYPE_CHECKING:
+    from ..core.plan import CheckedStack
 
 TABLE = "gpu_serving_failures"
 LEDGER_FILE = "gpu-serving-failures.jsonl"
@@ -150,3 +153,47 @@ def store_for(backend_url: Optional[str]):
     scheme = url.split("://", 1)[0] if "://" in url else "(not set)"
     raise LedgerError(f"PULUMI_BACKEND_URL is {scheme}: the failure ledger lives beside the state in PostgreSQL "
                       "(postgres://) or a file backend (file://); `source scripts/env.sh` sets the default file backend")
+
+
+def backend_url() -> Optional[str]:
+    """The state's backend as this process was given it (scripts/env.sh, the engine's environment)."""
+    return os.environ.get("PULUMI_BACKEND_URL") or None
+
+
+# The entries read once a process (a fleet's preview asks once per host): backend URL -> entries.
+_READ: dict[str, list[Failure]] = {}
+
+
+def recorded(url: Optional[str] = None, *, once: bool = False) -> tuple[list[Failure], Optional[str]]:
+    """(the recorded failures, why they could not be read). No backend named (`pulumi login` with
+    no PULUMI_BACKEND_URL): nothing, silently, since there is no place to have recorded any.
+    `once`: the entries this process already read, if it did."""
+    url = url or backend_url()
+    if not url:
+        return [], None
+    if once and url in _READ:
+        return _READ[url], None
+    try:
+        _READ[url] = store_for(url).list()
+    except LedgerError as exc:
+        return [], str(exc)
+    return _READ[url], None
+
+
+def warnings_before_start(argv: list[str], *, gpu_model: str = "", url: Optional[str] = None,
+                          once: bool = False) -> list[str]:
+    """The warnings `plan`, `preview` and `advise` print before a start of `argv` (core/ledger.py
+    `warnings_for`: the same words from each), or the one line saying the ledger was not read."""
+    failures, problem = recorded(url, once=once)
+    if problem:
+        return [f"the failure ledger was not read, so a start that failed before is not named: {problem}"]
+    return warnings_for(failures, argv=argv, gpu_model=gpu_model)
+
+
+def warnings_before_stack(checked: "CheckedStack") -> list[str]:
+    """`warnings_before_start` for a checked stack (`plan`, `advise`): its start on each host,
+    each warning once however many hosts would start it."""
+    out: list[str] = []
+    for _, plan in checked.plans:
+        out += [w for w in warnings_before_start(plan.unit.exec_start, once=True) if w not in out]
+    return out

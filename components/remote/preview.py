@@ -1,6 +1,8 @@
 """What the strategy service's check says before a change that stops or reloads the model: the
-switch block (what serves now on the host and stops, status.switch_block) and the restart line
-(the serving model reloads, restart.restart_notice, issue 36.3). The engine calls a resource's
+switch block (what serves now on the host and stops, status.switch_block), the restart line
+(the serving model reloads, restart.restart_notice, issue 36.3), and the failure ledger's warning
+when the start would repeat one that failed before (ledger_store.warnings_before_start: the words
+`plan` and `advise` say too). The engine calls a resource's
 check in a preview and again in the update; both are said once a command (issue 36.18: in the
 preview of a `pulumi up`, or in its update when it skipped the preview: cli.py decides).
 """
@@ -11,7 +13,7 @@ from ..core import reads
 from ..core import status as S
 from ..core.changes import argv_of
 from ..core.restart import restart_notice
-from . import cli, ssh
+from . import cli, ledger_store, ssh
 from ..core.specs import ServiceSpec
 from .common import progress
 
@@ -39,7 +41,12 @@ def before_change(olds: dict, news: dict) -> None:
         restart = restart_notice(olds, news, label=f"hosts[{entry}] restart" if entry else "restart", host=t.label)
         if restart:
             progress(ssh.redact(restart, secrets_of(news)))
-        if olds and olds.get("active", True) and olds.get("runningServer", R.AS_DECLARED) == R.AS_DECLARED:
+        serves = bool(olds) and olds.get("active", True) and olds.get("runningServer", R.AS_DECLARED) == R.AS_DECLARED
+        if restart or not serves:
+            # A start is coming: the team's failures it would repeat (the ledger read once a process).
+            for line in ledger_store.warnings_before_start(argv_of(news["execStart"]), once=True):
+                progress(ssh.redact(f"{label}: warning: {line}", secrets_of(news)))
+        if serves:
             return  # it serves: a restart at most (said above), no other strategy to stop
         host = S.parse_serving(ssh.fetch(t, reads.serving(with_environ=True)).stdout)
         lines = S.switch_block(label=label, target_unit=news["unit"], target_stack=str(news.get("stack") or news["unit"]),

@@ -34,13 +34,15 @@ from pulumi.dynamic import (
 
 from ..core import readiness as R
 from ..core import dropins, reads, switch
-from ..core.facts import FactError, HostFacts, check_facts, parse_facts
+from ..core.facts import FactError, HostFacts, check_facts, parse_facts, split_sections
+from ..core.fitness_baseline import drift_of, parse_baseline
 from ..core.rules import breaks_secret_line
 from ..core import status as S
 from ..core.specs import HostFactsSpec, ReadinessSpec, RemoteFileSpec, ServiceSpec, argv
-from . import cli, host_lock, identity, preview, probe, routed_guard, said, service_state, ssh, switch_executor
+from . import cli, host_lock, identity, ledger_record, preview, probe, routed_guard, said, service_state, ssh, switch_executor
 from . import router as router_roll
 from .common import changed as _changed
+from .common import host_name
 from .common import moved as _moved
 from .common import progress as _progress
 from .common import require_target as _require_target
@@ -67,13 +69,16 @@ class HostFactsProvider(ResourceProvider):
 
     props: HostFactsSpec (connection, cudaHome, expect, prefetch: reads.py specs of the reads the
     later resources make, started at once on the connection this resource opens; never a change).
+    Outputs: facts; fitnessDrift (only when the GPUs' fitness differs from the host's benchmark
+    baseline, core/fitness_baseline.py): its own kind of drift, which `up` records and cannot repair.
     """
 
     @staticmethod
     def read_requests(props: dict) -> list[dict]:
         return reads.host_facts(props)
 
-    def _read(self, props: dict) -> dict:
+    def _read(self, props: dict) -> tuple[dict, dict]:
+        """(the facts, {"fitnessDrift": line} when the fitness drifted from the host's baseline, else {})."""
         t = _require_target(props)
         request, = self.read_requests(props)
         prefetch = HostFactsSpec.from_props(props).prefetch
@@ -84,9 +89,14 @@ class HostFactsProvider(ResourceProvider):
             ssh.prefetch(t, later)  # never connects: with every read handed over, none is made
         out = ssh.fetch_first(t, request)
         try:
-            return parse_facts(out.stdout).as_dict()
+            facts = parse_facts(out.stdout)
         except FactError as exc:  # cut short, or not what nvidia-smi prints: never read as "0 GPUs"
             raise ssh.RemoteError(f"reading host facts on {t.label} (exit {out.rc}): {exc}") from None
+        # The baseline the host's last benchmark left (read in the same answer): a file it cannot
+        # read is no drift (the switch's fitness check names it).
+        baseline, _ = parse_baseline(split_sections(out.stdout).get("baseline"))
+        drift = drift_of(host_name(props, t), baseline, facts.fitness)
+        return facts.as_dict(), ({"fitnessDrift": drift} if drift else {})
 
     @staticmethod
     def _prefetch_after_read(news: dict) -> None:
@@ -121,12 +131,14 @@ class HostFactsProvider(ResourceProvider):
 
     def _apply(self, props: dict) -> dict:
         spec = HostFactsSpec.from_props(props)
-        facts = self._read(props)
+        facts, drift = self._read(props)
         problems = self._check(spec, facts)
         if problems:
             where = f"its gpu-serving:hosts entry {spec.host_entry!r}" if spec.host_entry else "gpu-serving:host"
             raise DeployError(f"{spec.who}the host does not match {where}, nothing was changed:\n  - " + "\n  - ".join(problems))
-        return {**props, "facts": facts}
+        # A drift is recorded again, not repaired (no file or setting of the stack holds it): the
+        # next drift check still reports it, until the machine is restored or benchmarked again.
+        return {**props, "facts": facts, **drift}
 
     def create(self, props):
         outs = self._apply(props)
@@ -137,7 +149,9 @@ class HostFactsProvider(ResourceProvider):
 
     def read(self, id, props):
         # The stored list: in a no-op, exactly this run's; `check` adds what changed since.
-        return ReadResult(id_=id, outs={**props, "facts": self._read(props)})
+        facts, drift = self._read(props)
+        kept = {k: v for k, v in props.items() if k != "fitnessDrift"}  # this read says whether there is one
+        return ReadResult(id_=id, outs={**kept, "facts": facts, **drift})
 
     def diff(self, id, olds, news):
         # Not `prefetch`: which reads are started ahead is never a change of the host.
@@ -145,6 +159,11 @@ class HostFactsProvider(ResourceProvider):
         facts = olds.get("facts")  # an output of the last read
         if facts and self._check(HostFactsSpec.from_props(news), facts):
             changed.append("facts")
+        drift = olds.get("fitnessDrift")  # an output of the last read: the machine, not a file, changed
+        if drift:
+            changed.append("fitnessDrift")
+            if cli.provider_says_preview_things():
+                _progress(f"{HostFactsSpec.from_props(news).who}warning: {drift}")
         return DiffResult(changes=bool(changed), replaces=[], stables=[])
 
     def delete(self, id, props):
@@ -344,6 +363,7 @@ class ServiceProvider(ResourceProvider):
             _progress(f"{spec.who}{spec.unit}: restarting: {olds['runningServer']}")
         for line in olds.get("foreignDropIns") or []:  # an output of the last read
             _progress(f"{spec.who}warning: {spec.unit}: {dropins.STAYS}{line}")
+        ledger_record.remember_last_good(olds)  # what a failed start's ledger entry is compared with
         try:
             outs = self._start(news, restart=restart is not None)
         except RollbackFailed as exc:

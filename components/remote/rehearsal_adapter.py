@@ -158,6 +158,13 @@ def cuda_repo_gone(directory: str) -> str:
     return f"the rehearsal CUDA repository {directory} is gone: run python -m rehearsal.cuda, then up again"
 
 
+def bench_client_requirements() -> str:
+    """The pins of the serving benchmark's client installed on a rehearsal host (benchmark.client:
+    rehearsal): SGLang's own wheel and what its benchmark module imports."""
+    import rehearsal
+    return (Path(rehearsal.__file__).parent / "bench_client.txt").read_text()
+
+
 def engine_wheel(cache: Path) -> Path:
     """The rehearsal engine's wheel, built into the cache `cache` (its own folder per content)."""
     from rehearsal.engine_wheel import build

@@ -18,6 +18,7 @@ from ..core import reads
 from ..core import status as S
 from ..core.errors import ConfigError
 from ..core.facts import parse_systemctl_show, split_sections
+from ..core import fitness_read
 from ..core.plan import CheckedStack, ServingPlan, check_stack, declared_layout
 from ..core.stack_config import from_files, stack_names
 from ..core.status_verdict import summarize
@@ -153,6 +154,9 @@ def host_status(conn: dict, entry: str, target: str, stacks: list[tuple[str, Ser
                            "stacks": []}
     plans = {plan.unit.name: (stack, plan) for stack, plan, _ in stacks}
     boot = S.boot_disagreement(host)
+    # The GPUs against the host's benchmark baseline, and what is degraded now (shown, not a
+    # verdict: the drift check and readiness.fitness decide on it).
+    doc["fitness"] = fitness_read.parse(ssh.fetch(t, reads.fitness(always=True)).stdout).as_dict(entry or target)
     if serving:
         u = serving[0]
         doc["serving"] = u.as_dict()

@@ -33,7 +33,7 @@ from ..core import readiness as R
 from ..core import switch
 from ..core.specs import ServiceSpec
 from ..core.switch import SwitchPlan
-from . import host_lock, probe, service_state, ssh
+from . import fitness_gate, host_lock, ledger_record, probe, service_state, ssh
 from . import router as router_roll
 from .common import progress
 from .common import require_target
@@ -195,6 +195,7 @@ class Switch:
             if plan.progress:
                 who = f"hosts[{node.name}] " if self.multi else node.spec.who
                 progress(f"{who}{self.unit}: {plan.progress}")
+        fitness_gate.before_stop(self.spec, self.nodes, self.plans)  # readiness.fitness: refused here, nothing has stopped
         return self._run_all() if self.multi else self._run_one()
 
     def _plan(self, node: Node, restart: bool) -> SwitchPlan:
@@ -334,6 +335,7 @@ class Switch:
         else:
             message, failed = self._message_one(status, reason, back[0], judged.get(0), restored.get(0, []), journal)
         message = ssh.redact(message, secrets)
+        message += ledger_record.record(self.spec, self.nodes[k], status, journal, served_again=not failed)  # the team's memory
         if failed:
             # Nothing serves: the service records it (its outputs say so) and FailedSwitch fails the run.
             report = report or R.Report(status=status, unit=unit, url="", checked_at=probe.now_iso())

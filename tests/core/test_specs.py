@@ -12,7 +12,7 @@ from dataclasses import asdict
 
 import pytest
 
-from components.core import specs, specs_router
+from components.core import specs, specs_install, specs_router
 from tests.casedata import DATA, cases
 
 # The spec of each dynamic resource type (the token's last word), and the keys of its state that
@@ -26,7 +26,11 @@ SPECS = {
     "RendezvousCheck": (specs.RendezvousSpec, ()),
     "RouterService": (specs_router.RouterServiceSpec, ()),
     "RouterReadiness": (specs_router.RouterReadinessSpec, ()),
+    "CudaToolkitInstall": (specs_install.CudaSpec, ("nvccRelease", "sourceLine")),
+    "PythonVenvInstall": (specs_install.VenvSpec, ("installed", "pythonPath")),
 }
+# What the installers' props carry beside their spec: the connection, which the caller adds.
+BESIDE = {"CudaToolkitInstall": ("connection",), "PythonVenvInstall": ("connection",)}
 
 
 def _unwrapped(value):
@@ -57,15 +61,15 @@ def test_every_kind_of_resource_the_program_registers_has_a_spec():
     kinds = set()
     for path in (DATA / "program-inputs").glob("*.json"):
         kinds |= {r["type"].rpartition(":")[2] for r in json.loads(path.read_text()) if r["type"].startswith("pulumi-python:dynamic/")}
-    # The installers (CudaToolkitInstall, PythonVenvInstall) keep their own props for now.
-    assert kinds - {"CudaToolkitInstall", "PythonVenvInstall"} <= set(SPECS), kinds
+    assert kinds <= set(SPECS), kinds - set(SPECS)
 
 
 @pytest.mark.parametrize("where,kind,inputs", REGISTERED, ids=[w for w, _, _ in REGISTERED])
 def test_what_the_program_registers_opens_as_its_spec_and_comes_back_unchanged(where, kind, inputs):
     spec_class, outputs = SPECS[kind]
     given = {k: v for k, v in inputs.items() if k != "__provider" and k not in outputs}
-    assert spec_class.from_props(given).to_props() == given
+    beside = {k: given.pop(k) for k in BESIDE.get(kind, ())}
+    assert spec_class.from_props({**given, **beside}).to_props() == given
 
 
 CASES = cases("specs")

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pulumi import automation as auto
 
 
 pytestmark = [pytest.mark.engine, pytest.mark.rehearsal]
@@ -143,3 +144,73 @@ def test_bench_tp8_then_pp8_with_the_real_client(deployment):
     keep = os.environ.get("GPU_SERVING_KEEP_BENCH")
     if keep:
         shutil.copytree(d.project / "results" / "bench", Path(keep), dirs_exist_ok=True)
+
+
+def main_pid(d, stack: str) -> str:
+    return d.sh(f"systemctl show -p MainPID --value sglang-kimi-k2.6-{stack}.service").strip()
+
+
+def test_a_degraded_machine_is_fitness_drift_its_figures_not_comparable_and_a_refused_switch(deployment):
+    """Issue 43: bench on the host (its fitness becomes the host's baseline), then cap one GPU's
+    power and drop another's PCIe width in the rehearsal profile (as a real machine degrades, the
+    server still serving): the drift check reports fitness drift naming both, from what to what on
+    which GPU, as not repairable by `up`; `status` shows it; `compare` marks the old figures not
+    comparable; under readiness.fitness: refuse a switch is refused before anything stops (the
+    serving unit keeps its MainPID); under warn it starts and says what changed."""
+    from rehearsal import degrade
+
+    d = deployment
+    project = (d.project / "Pulumi.yaml").read_text()
+    d.edit_project(lambda config: config.update({"gpu-serving:benchmark": {"value": BENCH}}))
+    d.stack("tp8").up(on_output=print)
+    done = bench(d, "tp8")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "the host's fitness is now its baseline (/var/lib/gpu-serving/fitness-baseline.json)" in done.stdout
+    baseline = json.loads(d.sh("cat /var/lib/gpu-serving/fitness-baseline.json"))
+    assert baseline["stack"] == "tp8" and baseline["fitness"] == results(d, "tp8")[0]["fitness"]
+    d.stack("tp8").preview(refresh=True, expect_no_changes=True)  # benchmarked and unchanged: clean
+    name = d.host.name
+    try:
+        degrade.degrade(name, ["1"], {"power_cap_w": 450})
+        degrade.degrade(name, ["3"], {"pcie": "gen4x8"})
+        # The drift check: a change (non-zero), its own kind, what changed from what to what on which GPU.
+        lines: list[str] = []
+        with pytest.raises(auto.CommandError) as info:
+            d.stack("tp8").preview(refresh=True, expect_no_changes=True, on_output=lines.append)
+        text = "\n".join(lines) + str(info.value)
+        drift = next(line for line in text.splitlines() if "fitness drift: " in line)
+        assert f"fitness drift: {name} since the benchmark of " in drift and "(tp8): " in drift, drift
+        assert "GPU 1 (" in drift and "power limit 600 W -> 450 W" in drift, drift
+        assert "GPU 3 (" in drift and "PCIe link Gen5 x16 -> Gen4 x8" in drift, drift
+        assert "Not repairable by `pulumi up`" in drift and "nvidia-smi -i 1 -pl 600" in drift, drift
+        # status shows it per host, with what is degraded now
+        screen = d.components("status", "--stack", "tp8", timeout=300).stdout
+        assert "  fitness   fitness drift: " in screen and "power capped at 450 W (default 600 W)" in screen, screen
+        assert "PCIe link x8 of x16" in screen, screen
+        # compare: the figures measured before are of another machine
+        compared = d.components("compare", "--stacks", "tp8")
+        assert compared.returncode == 0, compared.stdout + compared.stderr
+        assert "not comparable: GPU 1 (" in compared.stdout and "power limit 600 W -> 450 W" in compared.stdout
+        assert "PCIe link Gen5 x16 -> Gen4 x8" in compared.stdout and "(not comparable)" in compared.stdout
+
+        # readiness.fitness: refuse: the switch to pp8 stops nothing
+        pid = main_pid(d, "tp8")
+        d.edit_project(lambda config: config["gpu-serving:readiness"]["value"].update(fitness="refuse"))
+        with pytest.raises(auto.CommandError) as refused:
+            d.stack("pp8").up(on_output=print)
+        said = str(refused.value)
+        assert f"readiness.fitness is refuse and {name}'s fitness drifted since the benchmark of " in said, said[-3000:]
+        assert "Nothing was stopped: stack pp8 was not started" in said, said[-3000:]
+        assert main_pid(d, "tp8") == pid and d.sh("systemctl is-active sglang-kimi-k2.6-pp8.service").strip() != "active"
+        # warn (the default): the switch goes ahead and says what changed
+        d.edit_project(lambda config: config["gpu-serving:readiness"]["value"].update(fitness="warn"))
+        out: list[str] = []
+        result = d.stack("pp8").up(on_output=out.append)
+        assert result.outputs["readiness"].value["status_when_checked"] == "ready"
+        assert any(f"{name}'s fitness drifted since the benchmark of " in line and "starting anyway (readiness.fitness: warn)"
+                   in line for line in out), "\n".join(out)[-3000:]
+    finally:
+        degrade.clear(name)
+        (d.project / "Pulumi.yaml").write_text(project)
+    # Restored: the drift check is clean again (the baseline stays the benchmark's).
+    d.stack("pp8").preview(refresh=True, expect_no_changes=True)

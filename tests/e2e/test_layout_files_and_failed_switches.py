@@ -58,11 +58,11 @@ def serving(d, stack: str) -> None:
     assert running_and_enabled(d, [stack])[0] == [stack]
 
 
-def write_crash_stack(d) -> None:
+def write_crash_stack(d, name: str = "crash", fault: str = "crash_during_load") -> None:
     """The stack's own serving block (Pulumi would let it replace the project's), with a variable that
     crashes its server while loading, and the default environmentDir: the file it would share."""
-    d.write_stack_file("crash", {"tpSize": 8, "epSize": 8}, {
-        "gpu-serving:serving": {"environment": {**FAST_ENV, "REHEARSAL_FAULT": "crash_during_load"}},
+    d.write_stack_file(name, {"tpSize": 8, "epSize": 8}, {
+        "gpu-serving:serving": {"environment": {**FAST_ENV, "REHEARSAL_FAULT": fault}},
         "gpu-serving:readiness": FAST_READINESS})
 
 
@@ -202,3 +202,49 @@ def test_a_rollback_that_cannot_serve_says_nothing_serves(deployment):
     assert result.outputs["readiness"].value["status_when_checked"] == "ready"
     assert result.outputs["readiness"].value["rollback"] is None
     assert generates(d)
+
+
+def ledger(d, *args: str) -> str:
+    done = d.components("ledger", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_a_crashed_stack_is_in_the_ledger_and_the_next_plan_and_preview_warn(deployment):
+    """Issue 43: a stack whose server runs out of CUDA memory while loading is rolled back, and its
+    failed start is recorded in the failure ledger beside the state (here the file backend's
+    folder) with its signature and the error class read from the journal; the next `plan` and
+    `preview` of the same start say the same warning before anything loads; the serving strategy
+    is untouched by all of it."""
+    d = deployment
+    serving(d, "ep8")
+    ledger(d, "clear", "--stack", "oom")
+    write_crash_stack(d, "oom", "oom_during_load")
+    pid = main_pid(d, "ep8")
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("oom").up(on_output=print)
+    text = str(info.value)
+    assert "readiness: crashed_during_load" in text and f"Rolled back: restarted {UNIT.format('ep8')}" in text, text[-4000:]
+    entry, = json.loads(ledger(d, "--stack", "oom", "--json"))
+    assert f"Recorded in the failure ledger as entry {entry['id']} (CUDA out of memory while loading the weights)" in text
+    assert (entry["stack"], entry["host"], entry["outcome"], entry["error_class"]) == \
+        ("oom", d.host.name, "crashed_during_load", "out-of-memory")
+    assert entry["journal_line"].startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate"), entry
+    assert entry["layout"] == "tp 8 x pp 1 (ep 8, dp 1)" and entry["model_path"] == MODEL and entry["driver_version"]
+    assert entry["gpu_model"].startswith("NVIDIA ") and "rehearsal" in entry["sglang_version"], entry
+    assert (d.project / ".." / "state" / "gpu-serving-failures.jsonl").resolve().exists()  # beside the file backend
+    listed = ledger(d)
+    assert "stack oom on " in listed and "crashed: CUDA out of memory while loading the weights" in listed, listed
+
+    words = (f"this layout with these flags crashed on {d.host.name} on {entry['time'][:10]}: CUDA out of memory while "
+             f"loading the weights ({entry['journal_line']}) [ledger entry {entry['id']}: "
+             f"`python -m components ledger clear --id {entry['id']}` once it is fixed]")
+    planned = d.components("plan", "--stack", "oom")
+    assert planned.returncode == 0 and f"warning        {words}" in planned.stdout, planned.stdout[-3000:]
+    lines: list[str] = []
+    preview = d.stack("oom").preview(on_output=lines.append)
+    assert f"switch: warning: {words}" in "\n".join(lines) + preview.stderr, ("\n".join(lines) + preview.stderr)[-4000:]
+    assert main_pid(d, "ep8") != pid and generates(d)  # restarted by the rollback, serving as before
+    # Cleared once fixed: plan says nothing more.
+    assert "cleared 1 ledger entry" in ledger(d, "clear", "--id", entry["id"])
+    assert "this layout with these flags" not in d.components("plan", "--stack", "oom").stdout

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -257,3 +258,43 @@ def test_postgres_restarted_between_two_state_writes_the_run_carries_on(d, serve
     d.stack(target).preview_refresh(expect_no_changes=True)
     assert {s: urns(d.stack(s)) for s in STRATEGIES} == before
     H.fault_survived("PostgreSQL restarted in the middle of a run")
+
+
+def test_a_failed_start_through_postgres_is_seen_by_a_second_checkout(d, server, tmp_path):
+    """Issue 43 with the team's state in PostgreSQL: a start that runs out of CUDA memory while
+    loading is rolled back and recorded in the project's own table beside the state
+    (gpu_serving_failures); a second checkout, with only the team's settings (the backend URL and
+    the password), lists it and its `plan` of the same start says the warning."""
+    active = [s for s, state in states(d).items() if state == "active"]
+    serving = active[0] if len(active) == 1 else "pp8"
+    d.stack(serving).up()  # the state this test starts from: one strategy serving
+    assert serving_one(d) == serving
+    clear = d.components("ledger", "clear", "--stack", "oom")
+    assert clear.returncode == 0, clear.stdout + clear.stderr
+    d.write_fault_stack("oom", "oom_during_load")
+    with pytest.raises(auto.CommandError) as info:
+        d.stack("oom").up()
+    text = str(info.value)
+    assert "readiness: crashed_during_load" in text and "Rolled back: restarted" in text, text[-4000:]
+    assert "Recorded in the failure ledger as entry " in text and server.password not in text, text[-4000:]
+    assert serving_one(d) == serving
+    rows = server.psql("SELECT stack || ' ' || (entry->>'error_class') FROM gpu_serving_failures WHERE stack = 'oom'",
+                       database=server.url.rsplit("/", 1)[1].split("?")[0])
+    assert rows.split() == ["oom", "out-of-memory"], rows
+
+    # A teammate's checkout: its own copy of the project and no state of its own.
+    other = make_deployment(tmp_path, d.host, name="teammate")
+    other.env = engine_env(pulumi_home=tmp_path / "pulumi-home", backend_url=server.url, passphrase="e2e-test")
+    other.env["PGPASSWORD"] = server.password
+    shutil.copy(d.project / "Pulumi.oom.yaml", other.project / "Pulumi.oom.yaml")
+    listed = other.components("ledger", "--stack", "oom", "--json")
+    assert listed.returncode == 0, listed.stderr
+    entry, = json.loads(listed.stdout)
+    assert (entry["stack"], entry["error_class"], entry["host"]) == ("oom", "out-of-memory", d.host.name), entry
+    planned = other.components("plan", "--stack", "oom")
+    assert planned.returncode == 0, planned.stderr
+    assert (f"warning        this layout with these flags crashed on {d.host.name} on {entry['time'][:10]}: CUDA out of "
+            f"memory while loading the weights") in planned.stdout, planned.stdout[-3000:]
+    assert server.password not in planned.stdout + planned.stderr + listed.stdout
+    cleared = other.components("ledger", "clear", "--stack", "oom")
+    assert cleared.returncode == 0 and "cleared 1 ledger entry" in cleared.stdout, cleared.stdout + cleared.stderr

@@ -30,6 +30,7 @@ from components.core.config import StackSettings, parse_settings
 from components.core.errors import ConfigError
 from components.core.plan import build_plan, plan_stack, stack_names
 from components.remote.providers import RemoteFileProvider
+from components.core.specs import file_spec
 from components.core.unit import render_environment, render_unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,8 @@ def test_unit_and_environment_parse_back_to_exactly_what_was_declared(host, name
     plan, secrets = render(name)
     argv = plan.unit.exec_start
     declared = {**plan.environment, **secrets}
-    env_text = RemoteFileProvider()._full({"content": plan.environment_text, "secretEnvironment": secrets}).decode()
+    env_text = RemoteFileProvider()._full(file_spec(None, plan.unit.environment_path, plan.environment_text, "0600",
+                                                     secretEnvironment=secrets)).decode()
     assert not any(c.isspace() for a in argv for c in a), argv
 
     unit = f"ptrt-{name}.service"
