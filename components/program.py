@@ -29,6 +29,7 @@ from .provider_start import read_ahead
 from .readiness_check import ReadinessCheck
 from .remote import rehearsal_adapter
 from .run_kind import says_preview_things
+from .scrape_targets import rewrite_after_up
 from .resources import RouterReadiness
 from .router import Router
 from .serving_unit import ServingUnit, SwitchNotice
@@ -163,7 +164,8 @@ def declare() -> None:
         # nothing, and no setting plan refuses reaches a host.
         # A multi-node layout's --dist-init-addr names rank 0's address: a rehearsal host's is
         # read from the running host.
-        checked = check_stack(stack, engine_config(), Path(os.getcwd()), rehearsal_adapter.addresses())
+        raw, addresses = engine_config(), rehearsal_adapter.addresses()
+        checked = check_stack(stack, raw, Path(os.getcwd()), addresses)
     except ConfigError as exc:
         # RunError: the message, without a Python traceback.
         raise pulumi.RunError(str(exc)) from None
@@ -172,6 +174,9 @@ def declare() -> None:
     if says_preview_things():
         for warning in checked.warnings:
             pulumi.log.warn(warning)
+    if not pulumi.runtime.is_dry_run():
+        # The stack's Prometheus target file follows its hosts (a preview writes nothing).
+        rewrite_after_up(checked.settings, raw, addresses, pulumi.log.warn)
 
     hf_token = cfg.get_secret("hfToken")
     secret_env = hf_token.apply(lambda t: {"HF_TOKEN": t}) if hf_token is not None else None

@@ -1,7 +1,8 @@
 """The Prometheus target files (components/core/scrape.py renders them), one per stack, written
 by `python -m components metrics --scrape-config` (components/cli/metrics.py) and rewritten by
-each watch tick (components/traffic_watch.py), so a fleet edit or a rehearsal host's new address
-reaches Prometheus without a restart.
+each watch tick (components/traffic_watch.py) and by `pulumi up` of the stack (the program calls
+`rewrite_after_up`), so a fleet edit or a rehearsal host's new address reaches Prometheus without
+a restart.
 """
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from pathlib import Path
 from typing import Callable
 
 from .core import scrape
+from .core.config import StackSettings
 from .core.errors import ConfigError
+from .core.metrics_settings import METRICS_KEY, parse_metrics
 from .core.plan import check_stack
-from .core.stack_config import from_files
+from .core.rules import NAMESPACE
+from .core.stack_config import RawConfig, from_files
 from .files import atomic_write
 from .remote import rehearsal_adapter
 
@@ -45,3 +49,26 @@ def rewrite_targets(project_dir: Path, stacks: list[str], targets_dir: Path, log
             atomic_write(path, text)
             written.append(str(path))
     return written
+
+
+def rewrite_after_up(settings: StackSettings, raw: RawConfig, addresses: dict[str, str], warn: Callable[[str], None]) -> None:
+    """`pulumi up`'s rewrite of the stack's own target file (from the settings the program just
+    checked), in gpu-serving:metrics.targetsDir when that directory exists (made by `metrics
+    --scrape-config` or a watch: where this machine's Prometheus reads); nothing otherwise. Best
+    effort: a file that cannot be written is a warning, never a failed `up`."""
+    try:
+        directory = Path(parse_metrics(raw.values.get(f"{NAMESPACE}:{METRICS_KEY}")).targets_dir).expanduser()
+    except ValueError:
+        return  # refused by the stack's check already
+    if not directory.is_dir():
+        return
+    targets, notes = scrape.targets_of(settings, addresses)
+    for note in notes:
+        warn(f"metrics: stack {settings.stack}: {note}")
+    path = directory / f"{settings.stack}.json"
+    text = scrape.render_targets(targets)
+    try:
+        if not path.exists() or path.read_text() != text:
+            atomic_write(path, text)
+    except OSError as exc:
+        warn(f"metrics: the Prometheus target file of stack {settings.stack} was not rewritten in {directory}: {exc}")

@@ -1,10 +1,12 @@
 """The drift watch's tick (`python -m components watch`, components/cli/watch.py, runs it once or
 every --every). Each tick, per stack, `pulumi preview --refresh` through the Automation API (reads
 only: a preview never runs a provider's create, update or delete, and takes no stack lock), and the
-`status` read of what serves on each host; then writes status.json and
-gpu-serving.prom (atomically) in the state directory, logs one line per change since the previous
-tick (kept in status.json, so `--once` under a systemd timer diffs across runs) and POSTs the
-changes to --webhook. The words and files come from components/core/watch.py.
+`status` read of what serves on each host; the traffic and its recommendation
+(components/traffic_watch.py); the autoswitch's decision, and with --apply the recommended switch
+itself, a `pulumi up` through the Automation API (components/autoswitch_apply.py); then writes
+status.json and gpu-serving.prom (atomically) in the state directory, logs one line per change
+since the previous tick (kept in status.json, so `--once` under a systemd timer diffs across runs)
+and POSTs the changes to --webhook. The words and files come from components/core/watch.py.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
 
+from .autoswitch_apply import step as autoswitch_step
 from .core import watch as W
 from .files import atomic_write
 from .core.errors import ConfigError
@@ -86,6 +89,26 @@ def preview_stack(project_dir: Path, stack: str) -> dict:
     return out
 
 
+def up_stack(project_dir: Path, stack: str, log=print) -> Optional[str]:
+    """`pulumi up` of one stack through the Automation API, its output in the watch's log (the
+    autoswitch's switch: behind the router it rolls, the program's own checks and readiness
+    deciding as in any `up`). None when it succeeded, else the engine's failure in a few lines."""
+    from pulumi import automation as auto
+
+    def line(text: str) -> None:
+        if text.strip():
+            log(f"watch: autoswitch: up {stack}: {text.rstrip()}")
+    try:
+        opts = auto.LocalWorkspaceOptions(work_dir=str(project_dir), env_vars=dict(os.environ),
+                                          pulumi_command=_pulumi_command())
+        auto.select_stack(stack_name=stack, work_dir=str(project_dir), opts=opts).up(on_output=line, color="never")
+    except auto.CommandError as exc:
+        return _short_error(getattr(exc, "stderr", "") or str(exc)) or "pulumi up failed"
+    except Exception as exc:  # noqa: BLE001 - the watch records the failure and goes on ticking
+        return f"{type(exc).__name__}: {_short_error(str(exc))}"
+    return None
+
+
 def post_webhook(url: str, payload: dict) -> Optional[str]:
     """None when delivered; else why not (logged: the next change posts again)."""
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
@@ -97,8 +120,10 @@ def post_webhook(url: str, payload: dict) -> Optional[str]:
         return str(getattr(exc, "reason", exc))
 
 
-def tick(project_dir: Path, stacks: list[str], state_dir: Path, webhook: Optional[str], log=print) -> dict:
-    """One tick: read, write the files, log and post the changes. Returns the tick's document."""
+def tick(project_dir: Path, stacks: list[str], state_dir: Path, webhook: Optional[str], log=print, *,
+         apply: bool = False) -> dict:
+    """One tick: read, write the files, log and post the changes. Returns the tick's document.
+    `apply`: perform a recommended switch the autoswitch's checks allow (`watch --apply`)."""
     status_path = state_dir / STATUS_FILE
     try:
         before = json.loads(status_path.read_text())
@@ -115,14 +140,20 @@ def tick(project_dir: Path, stacks: list[str], state_dir: Path, webhook: Optiona
     doc = W.tick_document(results, status, checked_at=datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="seconds"),
                           checked_at_seconds=now, errors_before=int((before or {}).get("check_errors_total", 0)))
     # The traffic (issue 42): the servers' load, its window, the recommendation, the target files.
-    from .traffic_watch import tick as traffic_tick
-    traffic = traffic_tick(project_dir, stacks, doc, before, state_dir, log)
+    from . import traffic_watch
+    traffic = traffic_watch.tick(project_dir, stacks, doc, before, state_dir, log)
     doc["traffic"] = traffic.doc
+    switching = autoswitch_step(project_dir, doc, traffic, before, state_dir, apply=apply, up=up_stack, log=log)
+    doc["autoswitch"] = switching.section
+    if switching.switched:
+        target, hosts, at = switching.switched
+        traffic_watch.after_switch(project_dir, target, hosts, traffic.doc, at, log)
     found = W.changes(before, doc) + traffic.changes
     atomic_write(status_path, json.dumps(doc, indent=2) + "\n")
-    atomic_write(state_dir / METRICS_FILE, W.render_prometheus(doc) + traffic.prometheus)
+    atomic_write(state_dir / METRICS_FILE, W.render_prometheus(doc) + traffic.prometheus + switching.prometheus)
     for c in found:
         log(f"watch: {c['line']}")
+    found += [{k: v for k, v in c.items() if k != "logged"} for c in switching.changes]  # said as they happened
     if found and webhook:
         problem = post_webhook(webhook, W.webhook_payload(doc, found))
         if problem:

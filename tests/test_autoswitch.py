@@ -34,11 +34,13 @@ def test_decide(case):
                         behind_router=state["behind_router"], drift=state.get("drift", []),
                         failed_readiness=state.get("failed_readiness", []),
                         switches=[t(s) for s in state.get("switches", [])],
-                        last_switch_at=t(state["last_switch_at"]) if state.get("last_switch_at") else None)
+                        last_switch_at=t(state["last_switch_at"]) if state.get("last_switch_at") else None,
+                        outage=state.get("outage"))
     assert decision.apply is case["apply"], decision.why
     assert case["why_contains"] in decision.why
     # Every check is named, whichever way it went.
-    assert [c.name for c in decision.checks] == ["recommended", "window", "dwell", "budget", "drift", "readiness", "router"]
+    assert [c.name for c in decision.checks] == ["recommended", "window", "dwell", "budget", "drift", "readiness", "router",
+                                                 "outage"]
 
 
 def test_the_log_record_says_why_what_was_expected_and_then_what_was_measured():

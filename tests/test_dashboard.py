@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.core import autoswitch_apply as AP
 from components.core import server_metrics as M
 from components.core import traffic_status as T
 from components.core import watch as W
@@ -38,6 +39,10 @@ def known_metrics() -> set[str]:
     prom = W.render_prometheus(doc) + T.render_prometheus({"groups": [{"stack": "tp8", "hosts": ["h"], "summary": {
         "concurrency": 1.0}, "recommendation": {"recommended": "pp8"}}]})
     names |= {n for n, _, _ in M.samples(prom)}
+    section = {"apply": True, "groups": [{"stack": "pp8", "to": "tp8", "decision": {"checks": [
+        {"name": "window", "ok": False, "detail": "outside"}]}}]}
+    names |= {n for n, _, _ in M.samples(AP.render_prometheus(section, [
+        {"at": 1.0, "applied": True, "switch": {"started": 1.0, "ok": True}}], now=2.0))}
     return names
 
 

@@ -64,6 +64,26 @@ def test_program_registers_components_with_rendered_unit(stack, monkeypatch):
     assert "siblings" not in service and service["configHash"]
 
 
+def test_an_up_rewrites_the_stacks_prometheus_target_file_and_a_preview_does_not(monkeypatch, tmp_path):
+    """Issue 42: `up` (not only the watch) rewrites the stack's target file in
+    gpu-serving:metrics.targetsDir when that directory exists; a preview writes nothing, and a
+    directory that does not exist is not made (Prometheus was not set up there)."""
+    monkeypatch.chdir(ROOT)
+    from components.remote import rehearsal_adapter
+    monkeypatch.setattr(rehearsal_adapter, "addresses", lambda: {"default": "10.213.9.2"})  # the stack's host, booted
+    targets = tmp_path / "targets"
+    targets.mkdir()
+    config = {**stack_config("pp8"), "gpu-serving:metrics": json.dumps({"targetsDir": str(targets)})}
+    run_program("pp8", config, preview=True)
+    assert list(targets.iterdir()) == []
+    run_program("pp8", config)
+    written = json.loads((targets / "pp8.json").read_text())
+    assert written == [{"labels": {"host": "rehearsal:default", "role": "server"}, "targets": ["10.213.9.2:30001"]}]
+    missing = tmp_path / "not-set-up"
+    run_program("pp8", {**config, "gpu-serving:metrics": json.dumps({"targetsDir": str(missing)})})
+    assert not missing.exists()
+
+
 @contextlib.contextmanager
 def booted(yes: bool = True):
     """The fleets' rehearsal hosts here are never booted: taken as running (their address is then
@@ -73,7 +93,8 @@ def booted(yes: bool = True):
         yield
 
 
-def run_program(stack: str, config: dict, secret_keys: list[str] | None = None, hosts_booted: bool = True) -> Recorder:
+def run_program(stack: str, config: dict, secret_keys: list[str] | None = None, hosts_booted: bool = True,
+                preview: bool = False) -> Recorder:
     """The program under mocks with `config` (`secret_keys` of it set as secrets); the recorder of
     what it registered."""
     rec = Recorder()
@@ -87,7 +108,7 @@ def run_program(stack: str, config: dict, secret_keys: list[str] | None = None, 
         usable = False
     if not usable:
         asyncio.set_event_loop(asyncio.new_event_loop())
-    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=False)
+    pulumi.runtime.set_mocks(rec, project="gpu-serving", stack=stack, preview=preview)
     pulumi.runtime.set_all_config(config, secret_keys)
     from components.program import run
 

@@ -40,6 +40,39 @@ def test_two_ticks_give_the_load_by_littles_law_the_rate_and_the_lengths():
     assert "requests in flight" in second["workload"]
 
 
+def lengths(counts: list[float], total: float) -> M.Histogram:
+    """A length histogram in SGLang's first buckets (cumulative counts at 100, 300, 500, +Inf)."""
+    return M.Histogram(tuple(zip((100.0, 300.0, 500.0, float("inf")), counts)), counts[-1], total)
+
+
+def test_two_ticks_give_the_output_rate_and_with_sglangs_length_histograms_each_requests_lengths():
+    def at(when, requests, generated, inputs, outputs):
+        base = sample(when, requests, requests * 2.0, requests * 200.0, generated)
+        return M.ServerSample(**{**base.__dict__, "prompt_lengths": inputs, "generation_lengths": outputs})
+
+    # Two hosts; in 100 s, gpu1 finished 10 requests (8 with prompts under 100 tokens, 2 at 300-500) and
+    # gpu2 10 more (all under 300); outputs: 18 under 100 tokens, 2 at 100-300. 3,000 + 1,000 tokens generated.
+    first = T.group_doc(None, "tp8", ["gpu1", "gpu2"], {
+        "gpu1": at(1000, 0, 0, lengths([0, 0, 0, 0], 0), lengths([0, 0, 0, 0], 0)),
+        "gpu2": at(1000, 5, 500, lengths([5, 5, 5, 5], 250), lengths([5, 5, 5, 5], 250))}, 3600)
+    second = T.group_doc(first, "tp8", ["gpu1", "gpu2"], {
+        "gpu1": at(1100, 10, 3000, lengths([8, 8, 10, 10], 1600), lengths([9, 10, 10, 10], 900)),
+        "gpu2": at(1100, 15, 1500, lengths([5, 15, 15, 15], 2250), lengths([14, 15, 15, 15], 750))}, 3600)
+    last = second["window"][-1]
+    assert last["output_tok_s"] == pytest.approx(40.0)  # (3000 + 1000) / 100 s
+    summary = second["summary"]
+    assert summary["lengths_basis"] == "each request" and summary["output_tok_s"] == pytest.approx(40.0)
+    # 20 requests: the 10th input is the last of the 8 under 100 and 10 in 100-300 -> p50 in 100-300;
+    # the 18th output is the last under 100 -> p90 = 100.
+    assert 100 < summary["input_len_p50"] < 300 and summary["output_len_p90"] == pytest.approx(100.0)
+    assert "input p50" in second["workload"] and "output tok/s" in second["workload"]
+    # Without the histograms (serving.collectTokensHistogram off), the means only, said so.
+    plain = T.group_doc(T.group_doc(None, "tp8", ["gpu1"], {"gpu1": sample(1000, 100, 500, 102400, 25600)}, 3600),
+                        "tp8", ["gpu1"], {"gpu1": sample(1600, 160, 19700, 102400 + 60 * 1024, 25600 + 60 * 256)}, 3600)
+    assert plain["summary"]["lengths_basis"] == "means only" and plain["summary"]["input_len_p50"] is None
+    assert "(means only)" in plain["workload"]
+
+
 def test_a_restarted_server_gives_no_figure_for_its_tick():
     first = T.group_doc(None, "tp8", ["gpu1"], {"gpu1": sample(1000, 100, 500, 1000, 1000)}, 3600)
     again = T.group_doc(first, "tp8", ["gpu1"], {"gpu1": sample(1600, 3, 2, 10, 10, running=1.0)}, 3600)

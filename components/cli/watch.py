@@ -1,7 +1,8 @@
-"""``python -m components watch --stacks tp8,pp8,ep8 --every 10m [--once] [--state-dir DIR] [--webhook URL]``:
+"""``python -m components watch --stacks tp8,pp8,ep8 --every 10m [--once] [--apply] [--state-dir DIR] [--webhook URL]``:
 the drift watch, one tick (components/watch.py `tick`) every --every, or once under a systemd
-timer; with --systemd-units, the service and timer that run it (components/core/watch.py renders
-them). Exit 0; 2 on a bad flag or stack name.
+timer; with --apply, a recommended switch the autoswitch allows is performed (`pulumi up` of the
+recommended stack: docs/traffic.md); with --systemd-units, the service and timer that run it
+(components/core/watch.py renders them). Exit 0; 2 on a bad flag or stack name.
 """
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def add_parser(sub) -> None:
     w.add_argument("--stacks", required=True, help="comma-separated strategy stacks, e.g. tp8,pp8,ep8")
     w.add_argument("--every", default="10m", help="interval between ticks: 30s, 10m, 1h (default 10m)")
     w.add_argument("--once", action="store_true", help="one tick, then exit (for a systemd timer)")
+    w.add_argument("--apply", action="store_true",
+                   help="perform a recommended switch when gpu-serving:autoswitch allows it (inside a window, behind the "
+                        "router, nothing open): `pulumi up` of the recommended stack. Off: the watch only recommends")
     w.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help=f"where status.json and gpu-serving.prom go "
                                                                   f"(default {DEFAULT_STATE_DIR})")
     w.add_argument("--webhook", default=os.environ.get("GPU_SERVING_WATCH_WEBHOOK"),
@@ -49,7 +53,7 @@ def run(args) -> int:
     if args.systemd_units:
         files = W.render_systemd(checkout=str(Path(args.project_dir).resolve()), stacks=stacks, every_seconds=every,
                                  state_dir=str(state_dir), env_file=str(Path(args.env_file).expanduser()),
-                                 webhook=args.webhook)
+                                 webhook=args.webhook, apply=args.apply)
         args.systemd_units.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             (args.systemd_units / name).write_text(text)
@@ -57,7 +61,8 @@ def run(args) -> int:
         return 0
     while True:
         started = time.monotonic()
-        tick(Path(args.project_dir), stacks, state_dir, args.webhook, log=lambda line: print(line, flush=True))
+        tick(Path(args.project_dir), stacks, state_dir, args.webhook, log=lambda line: print(line, flush=True),
+             apply=args.apply)
         if args.once:
             return 0
         time.sleep(max(0.0, every - (time.monotonic() - started)))

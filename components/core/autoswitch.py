@@ -12,11 +12,14 @@ bad-input corpus).
       hysteresisPercent: 10                     # ...and must beat the current stack by 10 %...
       switchMinutes: 15                         # ...after a host's switch time, when no start is recorded
       observeMinutes: 30                        # the load is the median of the last 30 min of ticks
+      candidates: [pp8, tp8]                    # the stacks the traffic may move between (default: every
+                                                # stack of the project on the same machines)
 
 The decision (`decide`): the recommendation says switch, and the time is inside a window, the
 dwell is over, the day's budget is not spent, no drift and no failed readiness is open on the
-stacks involved, and the fleet is behind the router (unless requireRouter is false). Each check
-is named in the decision, whichever way it goes.
+stacks involved, the fleet is behind the router (unless requireRouter is false), and the switch
+is no outage (a prefill/decode stack stops its pair at once: never applied). Each check is named
+in the decision, whichever way it goes.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from .recommend import Policy, Recommendation
 if TYPE_CHECKING:
     from zoneinfo import ZoneInfo
 
+_STACK = re.compile(r"[A-Za-z0-9_.-]{1,64}", re.ASCII)  # a Pulumi.<stack>.yaml's name
+MAX_CANDIDATES = 16
 _WINDOW = re.compile(r"([01][0-9]|2[0-3]):([0-5][0-9])-([01][0-9]|2[0-3]|24):([0-5][0-9])", re.ASCII)
 MAX_WINDOWS = 24
 DAY = 86400.0
@@ -52,12 +57,23 @@ class AutoswitchSettings(BaseModel):
     hysteresis_percent: float = Field(10.0, ge=0, le=100)
     switch_minutes: float = Field(15.0, gt=0, le=240)
     observe_minutes: int = Field(30, ge=1, le=1440)
+    candidates: tuple[str, ...] = Field((), max_length=MAX_CANDIDATES)
 
-    @field_validator("windows", mode="before")
+    @field_validator("windows", "candidates", mode="before")
     @classmethod
     def _list(cls, value: Any) -> Any:
         if isinstance(value, list):
             return tuple(value)
+        return value
+
+    @field_validator("candidates")
+    @classmethod
+    def _stacks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not _STACK.fullmatch(name):
+                raise ValueError(f"{name[:40]!r} is not a stack name (a Pulumi.<stack>.yaml of the project), e.g. pp8")
+        if len(set(value)) != len(value):
+            raise ValueError("names a stack twice")
         return value
 
     @field_validator("windows")
@@ -128,10 +144,12 @@ class Decision:
 
 
 def decide(rec: Recommendation, settings: AutoswitchSettings, *, now: float, behind_router: bool, drift: list[str],
-           failed_readiness: list[str], switches: list[float], last_switch_at: Optional[float]) -> Decision:
+           failed_readiness: list[str], switches: list[float], last_switch_at: Optional[float],
+           outage: Optional[str] = None) -> Decision:
     """Whether `watch --apply` performs `rec` (a recommend.Recommendation) now. `switches`: when
     the applied switches started (seconds since the epoch); `drift`, `failed_readiness`: what is
-    open on the stacks involved (host: what), each blocks."""
+    open on the stacks involved (host: what), each blocks; `outage`: why the switch would stop
+    every server at once (a prefill/decode stack), None when it rolls."""
     when = datetime.fromtimestamp(now, tz.utc)
     window = in_window(settings.windows, when, settings.timezone)
     today = [s for s in switches if now - s < DAY]
@@ -153,6 +171,7 @@ def decide(rec: Recommendation, settings: AutoswitchSettings, *, now: float, beh
         Check("router", behind_router or not settings.require_router,
               "behind the router (a rolling switch)" if behind_router else
               "no router in front (autoswitch.requireRouter): every host would stop at once"),
+        Check("outage", outage is None, "no outage: the hosts switch in turn" if outage is None else outage),
     ]
     failed = [c for c in checks if not c.ok]
     if not failed:

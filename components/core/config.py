@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from . import autoswitch, model_source, pd_settings
+from . import autoswitch, metrics_settings, model_source, pd_settings
 from .autoswitch import AutoswitchSettings
 from .config_fields import SYSTEM_DIRS, check_secret_value, validation_errors
 from .config_hosts import HOSTS_KEY, HostEntry, HostSettings, NodePlace, parse_hosts
@@ -45,7 +45,7 @@ from .rules import NAMESPACE
 
 # What the other modules import from here (the models' own modules are below this one).
 __all__ = [
-    "A2A_BACKENDS", "AUTOSWITCH_KEY", "CONFIG_KEYS", "HOSTS_KEY", "NAMESPACE", "OPTIONAL_SECTIONS", "ROUTER_VERSIONS",
+    "A2A_BACKENDS", "AUTOSWITCH_KEY", "CONFIG_KEYS", "METRICS_KEY", "HOSTS_KEY", "NAMESPACE", "OPTIONAL_SECTIONS", "ROUTER_VERSIONS",
     "SECRET_KEYS", "SECTIONS", "SYSTEM_DIRS", "BenchmarkSettings", "CudaSettings", "HostEntry", "HostSettings",
     "ModelSettings", "NodePlace", "ReadinessSettings", "RolloutSettings", "RouterSettings", "ServingSettings",
     "StackSettings", "StrategySettings", "VenvSettings", "parse_settings",
@@ -155,7 +155,9 @@ OPTIONAL_SECTIONS: dict[str, type[BaseModel]] = {"router": RouterSettings, pd_se
 SECRET_KEYS = ("sshPrivateKey", "hfToken", "routerAdminKey")
 # Read by `watch` and `recommend` only (components/core/autoswitch.py), checked here with the rest.
 AUTOSWITCH_KEY = "autoswitch"
-CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY, AUTOSWITCH_KEY)
+# Read by the program on this machine (where `up` rewrites the Prometheus target file: core/metrics_settings.py).
+METRICS_KEY = metrics_settings.METRICS_KEY
+CONFIG_KEYS = (*SECTIONS, *OPTIONAL_SECTIONS, HOSTS_KEY, AUTOSWITCH_KEY, METRICS_KEY)
 
 
 def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
@@ -195,6 +197,10 @@ def parse_settings(stack: str, config: dict[str, Any]) -> StackSettings:
         autoswitch.parse(config.get(AUTOSWITCH_KEY))
     except ValidationError as exc:
         errors += validation_errors(AUTOSWITCH_KEY, exc, AutoswitchSettings)
+    try:
+        metrics_settings.parse_metrics(config.get(METRICS_KEY))
+    except ValidationError as exc:
+        errors += validation_errors(METRICS_KEY, exc, metrics_settings.MetricsSettings)
     disaggregation = pd_settings.parse(config.get(pd_settings.KEY), hosts=hosts, strategy=sections.get("strategy"),
                                        strategy_model=StrategySettings, router=router, serving=sections.get("serving"),
                                        model=sections.get("model"), errors=errors)

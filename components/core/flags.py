@@ -127,6 +127,12 @@ FLAGS: tuple[Flag, ...] = (
     # (components/core/traffic.py counts one series per DP rank and stage).
     Flag("--enable-metrics-for-all-schedulers", "serving.enableMetrics", "every scheduler (each TP rank) reports metrics",
          form=SWITCH, when=lambda s: bool(s.strategy.enable_dp_attention), when_about="under strategy.enableDpAttention"),
+    # Off by default: a new flag in ExecStart restarts every serving model once on upgrade. On, the
+    # watch reads each request's lengths as a distribution (p50, p90), not only the tick's means.
+    Flag("--collect-tokens-histogram", "serving.collectTokensHistogram",
+         "SGLang's prompt and generation length histograms on /metrics (the watch's length distribution)",
+         form=SWITCH, declare=(bool, False), when=lambda s: bool(s.serving.enable_metrics),
+         when_about="with serving.enableMetrics"),
     Flag("--nnodes", "strategy.nodes", "how many nodes the layout spans (multi-node only)", form=DERIVED,
          derive=lambda node: node.nnodes),
     Flag("--node-rank", "strategy.nodes", "this node's rank: its place in strategy.nodes", form=DERIVED,

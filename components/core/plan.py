@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from . import pd_plan
+from . import autoswitch, pd_plan
 from .pd_settings import WHERE as PD_SETTING
-from .config import NAMESPACE, ServingSettings, StackSettings, parse_settings
+from .config import AUTOSWITCH_KEY, NAMESPACE, ServingSettings, StackSettings, parse_settings
 from .cuda import settings_problems
 from .errors import ConfigError, SettingError
 from .layout_check import check_layout
@@ -258,6 +258,7 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[s
         errors += exc.errors
     errors += settings_problems(settings.cuda)
     errors += strategy_owned_elsewhere(project_dir, stack, settings.strategy_name)
+    errors += candidates_unknown(project_dir, config.get(AUTOSWITCH_KEY))
     pd = None
     if settings.disaggregation is not None:
         if raw.source == "engine" and not errors:
@@ -276,6 +277,15 @@ def check_stack(stack: str, raw: RawConfig, project_dir: Path, addresses: dict[s
 # hosts as an ordinary fleet; `plan` shows the plan and says the same.
 PD_NOT_DEPLOYED = ("prefill/decode disaggregation is planned but not deployed by this version: `pulumi preview` and "
                    "`up` refuse the stack rather than run its hosts as an ordinary fleet")
+
+
+def candidates_unknown(project_dir: Path, raw: Any) -> list[SettingError]:
+    """gpu-serving:autoswitch.candidates names stacks of this project: a name without its
+    Pulumi.<stack>.yaml would never be followed (parse_settings checked the form already)."""
+    names = autoswitch.parse(raw).candidates
+    known = stack_names(project_dir)
+    return [SettingError(f"{NAMESPACE}:{AUTOSWITCH_KEY}.candidates", f"{name!r} has no Pulumi.{name}.yaml in the project",
+                         f"one of: {', '.join(known)}") for name in names if name not in known]
 
 
 def strategy_owned_elsewhere(project_dir: Path, stack: str, strategy: str) -> list[SettingError]:

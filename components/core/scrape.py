@@ -9,6 +9,10 @@ fleet entry), never the stack's: the same server listed by several stacks is one
 label set, which Prometheus scrapes once (its scrape pool keys targets by their labels). Which
 stack serves a host is the watch's `gpu_serving_serving{stack,host}`, read from its textfile
 through node_exporter's textfile collector (a job of its own).
+
+Who writes the target files: `metrics --scrape-config`, each watch tick (into its state
+directory), and `pulumi up` of a stack (its own file, in `gpu-serving:metrics.targetsDir`, when
+that directory exists: core/metrics_settings.py).
 """
 from __future__ import annotations
 
@@ -35,8 +39,6 @@ SCRAPE_INTERVAL = "15s"
 # How often Prometheus looks at the target files besides inotify (a file system without it).
 REFRESH_INTERVAL = "30s"
 SERVER, ROUTER, WATCH = "server", "router", "watch"
-
-
 @dataclass(frozen=True)
 class Target:
     address: str      # where Prometheus connects (IP or name)

@@ -13,7 +13,9 @@ rehearsal/engine/sglang/_rehearsal/metrics.py):
 - tokenizer counters `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`,
   `sglang:num_requests_total` and the histograms `sglang:e2e_request_latency_seconds`,
   `sglang:time_to_first_token_seconds`, `sglang:inter_token_latency_seconds` (older releases:
-  `sglang:time_per_output_token_seconds`), one series per model.
+  `sglang:time_per_output_token_seconds`), one series per model; with `--collect-tokens-histogram`
+  (serving.collectTokensHistogram) also `sglang:prompt_tokens_histogram` and
+  `sglang:generation_tokens_histogram`, each finished request's lengths.
 The router (smg 1.13.0, its --prometheus-port; captured in tests/data/traffic/):
 `smg_worker_requests_active{worker=URL}` (requests in flight per server) and
 `smg_router_requests_total` (requests routed).
@@ -31,6 +33,8 @@ REQUESTS = "sglang:num_requests_total"
 E2E = "sglang:e2e_request_latency_seconds"
 TTFT = "sglang:time_to_first_token_seconds"
 ITL = ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")
+PROMPT_LENGTHS = "sglang:prompt_tokens_histogram"
+GENERATION_LENGTHS = "sglang:generation_tokens_histogram"
 ROUTER_ACTIVE = "smg_worker_requests_active"
 ROUTER_REQUESTS = "smg_router_requests_total"
 
@@ -103,6 +107,19 @@ class Histogram:
         return Histogram(tuple((le, max(0.0, n - old.get(le, 0.0))) for le, n in self.buckets),
                          max(0.0, self.count - before.count), max(0.0, self.total - before.total))
 
+    def plus(self, other: "Histogram") -> "Histogram":
+        """Two servers' histograms of one quantity added (the same buckets: SGLang's defaults);
+        with different buckets, the one that counted more (cumulative counts at different
+        bounds do not add)."""
+        if not other.buckets and not other.count:
+            return self
+        if not self.buckets and not self.count:
+            return other
+        if [le for le, _ in self.buckets] != [le for le, _ in other.buckets]:
+            return self if self.count >= other.count else other
+        return Histogram(tuple((le, n + m) for (le, n), (_, m) in zip(self.buckets, other.buckets)),
+                         self.count + other.count, self.total + other.total)
+
     def quantile(self, q: float) -> Optional[float]:
         """Prometheus' histogram_quantile: linear inside the bucket the rank falls in."""
         if self.count <= 0 or not self.buckets:
@@ -154,6 +171,10 @@ def _sum(rows: list[Sample], name: str) -> Optional[float]:
     return sum(values) if values else None
 
 
+# A ServerSample's histograms, in its field order (status.json keeps each as a dict).
+HISTOGRAMS = ("e2e", "ttft", "itl", "prompt_lengths", "generation_lengths")
+
+
 @dataclass(frozen=True)
 class ServerSample:
     """One read of one server's /metrics."""
@@ -166,6 +187,8 @@ class ServerSample:
     e2e: Histogram = field(default_factory=Histogram)
     ttft: Histogram = field(default_factory=Histogram)
     itl: Histogram = field(default_factory=Histogram)
+    prompt_lengths: Histogram = field(default_factory=Histogram)      # empty without --collect-tokens-histogram
+    generation_lengths: Histogram = field(default_factory=Histogram)
 
     @property
     def in_flight(self) -> Optional[float]:
@@ -175,7 +198,7 @@ class ServerSample:
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("e2e", "ttft", "itl"):
+        for k in HISTOGRAMS:
             d[k] = getattr(self, k).as_dict()
         return d
 
@@ -183,7 +206,7 @@ class ServerSample:
     def from_dict(cls, doc: dict[str, Any]) -> "ServerSample":
         return cls(float(doc["at"]), doc.get("running"), doc.get("queued"), doc.get("prompt_tokens"),
                    doc.get("generation_tokens"), doc.get("requests"),
-                   Histogram.from_dict(doc.get("e2e")), Histogram.from_dict(doc.get("ttft")), Histogram.from_dict(doc.get("itl")))
+                   *(Histogram.from_dict(doc.get(k)) for k in HISTOGRAMS))
 
 
 def server_sample(text: str, at: float, attn_tp_size: Optional[int] = None) -> ServerSample:
@@ -191,7 +214,8 @@ def server_sample(text: str, at: float, attn_tp_size: Optional[int] = None) -> S
     rows = samples(text)
     return ServerSample(at, scheduler_load(rows, (RUNNING,), attn_tp_size), scheduler_load(rows, (QUEUED,), attn_tp_size),
                         _sum(rows, PROMPT_TOKENS), _sum(rows, GENERATION_TOKENS), _sum(rows, REQUESTS),
-                        histogram(rows, E2E), histogram(rows, TTFT), histogram(rows, ITL))
+                        histogram(rows, E2E), histogram(rows, TTFT), histogram(rows, ITL),
+                        histogram(rows, PROMPT_LENGTHS), histogram(rows, GENERATION_LENGTHS))
 
 
 @dataclass(frozen=True)

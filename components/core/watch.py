@@ -415,15 +415,23 @@ def webhook_payload(doc: dict[str, Any], found: list[dict[str, Any]]) -> dict[st
 # --- the systemd pair ------------------------------------------------------------------------
 
 def render_systemd(*, checkout: str, stacks: list[str], every_seconds: int, state_dir: str,
-                   env_file: str, webhook: Optional[str] = None) -> dict[str, str]:
+                   env_file: str, webhook: Optional[str] = None, apply: bool = False) -> dict[str, str]:
     """The service + timer an operator installs on their admin machine: the timer starts one
     `watch --once` tick every `every_seconds`; the service sources scripts/env.sh (the engine on
-    PATH) after the operator's environment file (backend URL, passphrase: never in the unit)."""
+    PATH) after the operator's environment file (backend URL, passphrase: never in the unit).
+    `apply`: the tick may perform a recommended switch (`watch --apply`): its `pulumi up` rolls
+    the fleet for as long as the hosts' starts and readiness take, bounded by their own deadlines,
+    so systemd does not cut the tick short (a roll killed half-way leaves a host out of the router)."""
     argv = f"python -m components watch --once --stacks {','.join(stacks)} --state-dir {state_dir}"
+    if apply:
+        argv += " --apply"
     if webhook:
         argv += f" --webhook {webhook}"
+    what = ("may switch to the recommended stack: pulumi up, inside gpu-serving:autoswitch's windows" if apply
+            else "never changes a host")
+    timeout = "infinity" if apply else str(max(600, every_seconds))
     service = f"""[Unit]
-Description=gpu-serving drift watch: one tick (pulumi preview --refresh of {', '.join(stacks)}; never changes a host)
+Description=gpu-serving drift watch: one tick (pulumi preview --refresh of {', '.join(stacks)}; {what})
 Documentation=file://{checkout}/docs/teams-and-watch.md
 After=network-online.target
 Wants=network-online.target
@@ -435,7 +443,7 @@ WorkingDirectory={checkout}
 # the operator's, not the repo's (a webhook URL may hold a token).
 EnvironmentFile=-{env_file}
 ExecStart=/bin/bash -c 'source scripts/env.sh && exec {argv}'
-TimeoutStartSec={max(600, every_seconds)}
+TimeoutStartSec={timeout}
 """
     timer = f"""[Unit]
 Description=gpu-serving drift watch every {every_seconds} s

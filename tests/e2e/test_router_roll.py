@@ -9,20 +9,27 @@ no request fails.
 The rehearsal hosts live in network namespaces that reach only this machine; here each test
 host's namespace gets a route to the rehearsal range and its own veth forwards (per interface,
 nothing else on this machine forwards), so the router on gpu1 reaches the servers on gpu2 and
-gpu3. Traffic stays inside 10.213.0.0/16 (the range ends on this machine)."""
+gpu3. Traffic stays inside 10.213.0.0/16 (the range ends on this machine).
+
+The watch follows the traffic here too (issue 42): with the load rising from 1 to 32 clients,
+`watch --apply` recommends tp8 and only logs it while outside its window, then, inside it,
+switches pp8 -> tp8 itself (the same roll, through the Automation API), and measures the gain."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from pulumi import automation as auto
 
+from components.core import autoswitch_apply as AP
 from tests.pulumi_env import REPO
 
 from .conftest import make_deployment
@@ -60,6 +67,8 @@ def fleet(tmp_path_factory, rehearsal_host_factory):
         config["gpu-serving:router"] = {"value": {"runsOn": "gpu1", "port": ROUTER_PORT, "policy": "round_robin",
                                                   "readyTimeoutSeconds": 90}}
         config["gpu-serving:rollout"] = {"value": {"maxUnavailable": 1, "drainTimeoutSeconds": 60}}
+        # Each request's lengths on /metrics: the watch's length distribution (issue 42).
+        config["gpu-serving:serving"]["value"]["collectTokensHistogram"] = True
     d.edit_project(behind_router)
     d.hosts = {f"gpu{i + 1}": h for i, h in enumerate(hosts)}
     d.router_url = f"http://{hosts[0].address}:{ROUTER_PORT}"
@@ -79,24 +88,34 @@ def router_workers(fleet) -> list[dict]:
 
 
 class Load:
-    """CLIENTS clients sending requests to the router, one after the other each, until stopped or
-    MAX_REQUESTS in all; and a sampler of the router's worker list."""
+    """`clients` clients (CLIENTS) sending requests to the router, one after the other each, until
+    stopped or `max_requests` in all; `grow` adds clients; and a sampler of the router's worker list."""
 
-    def __init__(self, fleet):
+    def __init__(self, fleet, clients: int = CLIENTS, max_requests: int = MAX_REQUESTS, prompt: str = "hello router",
+                 max_tokens: int = 16):
         self.fleet = fleet
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.ok = 0
         self.failed: list[str] = []
         self.samples: list[int] = []
-        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(CLIENTS)]
+        self.max_requests = max_requests
+        self.body = json.dumps({"model": "kimi-k2.6", "prompt": prompt, "max_tokens": max_tokens}).encode()
+        self.threads = [threading.Thread(target=self.client, daemon=True) for _ in range(clients)]
         self.threads.append(threading.Thread(target=self.sample, daemon=True))
 
+    def grow(self, clients: int) -> None:
+        """Up to `clients` clients in all, the new ones starting now."""
+        more = [threading.Thread(target=self.client, daemon=True) for _ in range(clients - (len(self.threads) - 1))]
+        self.threads += more
+        for t in more:
+            t.start()
+
     def client(self):
-        body = json.dumps({"model": "kimi-k2.6", "prompt": "hello router", "max_tokens": 16}).encode()
+        body = self.body
         while not self.stop.is_set():
             with self.lock:
-                if self.ok + len(self.failed) >= MAX_REQUESTS:
+                if self.ok + len(self.failed) >= self.max_requests:
                     return
             req = urllib.request.Request(self.fleet.router_url + "/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
@@ -475,22 +494,118 @@ def test_a_crash_rolls_that_host_back_puts_it_back_and_stops_the_roll(fleet):
             assert "hosts[%s]: roll: taking" % name not in text
 
 
-def test_a_switch_back_to_a_stack_deployed_before_rolls_too(fleet):
-    """tp8 was deployed (test 2), then pp8: going back is an update of tp8's services (after the
-    refresh they read "superseded"), not a create, and it rolls the same way."""
-    preview: list[str] = []
-    stack(fleet, "tp8").preview(on_output=preview.append)
-    assert f"{ROLL_ORDER} tp8 behind the router" in "\n".join(preview), "\n".join(preview)[-3000:]
-    lines: list[str] = []
-    with Load(fleet) as load:
-        result = stack(fleet, "tp8").up(on_output=lines.append)
-    text = "\n".join(lines)
+# Long prompts and short answers: the workload where TP8's prefill (8 GPUs on every prompt) pays
+# over PP8's stage-by-stage one, so the measured gain of the switch has the sign the curves say.
+PROMPT = " ".join(["traffic"] * 2048)
+AUTOSWITCH = {"candidates": ["pp8", "tp8"], "minDwellMinutes": 5, "maxSwitchesPerDay": 4, "switchMinutes": 1,
+              "horizonMinutes": 60, "observeMinutes": 1}
+
+
+def autoswitch_windows(fleet, windows: list[str]) -> None:
+    def edit(config):
+        config["gpu-serving:autoswitch"] = {"value": {**AUTOSWITCH, "windows": windows}}
+    fleet.edit_project(edit)
+
+
+def a_window_not_now() -> str:
+    """A one-minute window six hours from now (UTC): the tick is outside it."""
+    start = datetime.now(timezone.utc) + timedelta(hours=6)
+    return f"{start:%H:%M}-{start + timedelta(minutes=1):%H:%M}"
+
+
+def watch_tick(fleet, state) -> tuple[dict, str]:
+    """One `watch --once --apply` tick as an operator's timer runs it: status.json and its output."""
+    started = time.monotonic()
+    done = fleet.components("watch", "--once", "--apply", "--stacks", "pp8,tp8", "--state-dir", str(state), timeout=1200)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    print(f"watch tick: {time.monotonic() - started:.1f} s")
+    return json.loads((state / "status.json").read_text()), done.stdout
+
+
+def group_of(doc: dict, stack: str) -> dict:
+    return next(g for g in doc["traffic"]["groups"] if g["stack"] == stack)
+
+
+def decisions(state) -> list[dict]:
+    path = state / AP.LOG_FILE
+    return AP.parse_log(path.read_text()) if path.exists() else []
+
+
+def test_watch_apply_follows_the_load_from_pp8_to_tp8_inside_its_window_with_no_failed_request(fleet, tmp_path):
+    """Issue 42's end to end: pp8 serves the fleet behind the router, the rehearsal-measured curves
+    of pp8 and tp8 are in results/bench. At one client the watch stays on pp8. At 32 clients it
+    recommends tp8, and outside its window only logs the decision (applied: false, the window
+    check failed): every host still serves pp8. Inside the window the next tick switches itself:
+    a `pulumi up` of tp8 through the Automation API, the same roll (the preview announces it;
+    tp8 deployed before in module order, so this is the switch back of an existing stack), with
+    no failed request and at least 2 of 3 hosts in the router at every sample. The decision log
+    shows what was expected and, a tick later, what was measured."""
+    stack(fleet, "pp8").up()        # its own start (a no-op after the test before)
+    stack(fleet, "tp8")             # the stack the watch may switch to, with its admin key
+    shutil.copytree(REPO / "tests" / "data" / "compare" / "rehearsal" / "results", fleet.project / "results",
+                    dirs_exist_ok=True)
+    autoswitch_windows(fleet, [a_window_not_now()])
+    state = tmp_path / "watch"
+    outputs: list[str] = []
+    with Load(fleet, clients=1, max_requests=20000, prompt=PROMPT, max_tokens=32) as load:
+        while load.ok < 2:
+            assert not load.failed, load.failed[:5]
+            time.sleep(0.5)
+        doc, out = watch_tick(fleet, state)
+        outputs.append(out)
+        assert group_of(doc, "pp8")["recommendation"]["action"] == "stay", group_of(doc, "pp8")["recommendation"]
+        assert decisions(state) == []
+
+        load.grow(32)
+        for _ in range(2):
+            doc, out = watch_tick(fleet, state)
+            outputs.append(out)
+        pp8 = group_of(doc, "pp8")
+        assert pp8["recommendation"]["action"] == "switch" and pp8["recommendation"]["recommended"] == "tp8", pp8["workload"]
+        # The load as the watch saw it: requests in flight, and each request's lengths (the histograms).
+        summary = pp8["summary"]
+        assert summary["concurrency"] > 8 and summary["lengths_basis"] == "each request", summary
+        assert 2000 <= summary["input_len_p50"] <= 3000 and summary["output_len_p90"] <= 100, summary
+        [record] = decisions(state)
+        assert record["applied"] is False and (record["from"], record["to"]) == ("pp8", "tp8"), record
+        assert [c["name"] for c in record["checks"] if not c["ok"]] == ["window"], record["checks"]
+        assert "autoswitch: pp8 -> tp8 recommended, not applied: " in "".join(outputs), outputs[-1][-3000:]
+        # Outside the window it only recommends: pp8 serves on every host.
+        for name, h in fleet.hosts.items():
+            assert h.run("systemctl is-active sglang-kimi-k2.6-pp8.service").stdout.strip() == "active", name
+
+        autoswitch_windows(fleet, ["00:00-24:00"])
+        preview: list[str] = []
+        stack(fleet, "tp8").preview(on_output=preview.append)
+        assert f"{ROLL_ORDER} tp8 behind the router" in "\n".join(preview), "\n".join(preview)[-3000:]
+        doc, out = watch_tick(fleet, state)
+        outputs.append(out)
+        applied = decisions(state)[-1]
+        assert applied["applied"] is True and applied["switch"]["ok"] is True, (applied, out[-4000:])
+        assert applied["expected"]["tok_s_after"] > applied["expected"]["tok_s_before"] > 0, applied["expected"]
+        assert applied["expected"]["basis"] in ("interpolated", "measured"), applied["expected"]
+        for name in ("gpu1", "gpu2", "gpu3"):
+            assert f"hosts[{name}]: roll: taking" in out, out[-4000:]
+        workers = router_workers(fleet)
+        assert len(workers) == 3 and all(w["is_healthy"] for w in workers), workers
+        for name, h in fleet.hosts.items():
+            assert h.run("systemctl is-active sglang-kimi-k2.6-tp8.service").stdout.strip() == "active", name
+
+        doc, out = watch_tick(fleet, state)
+        outputs.append(out)
     assert load.failed == [], load.failed[:10]
     assert min(load.samples) >= 2, load.samples
-    for name in ("gpu1", "gpu2", "gpu3"):
-        assert f"hosts[{name}]: roll: taking" in text, text[-3000:]
-        assert result.outputs["readiness"].value[name]["layout"]["tp_size"] == 8
-    assert sorted(w["strategy"] for w in result.outputs["router"].value["workers"]) == ["tp8 pp1 dp1"] * 3
+    measured = decisions(state)[-1]
+    outcome = measured["outcome"]
+    assert outcome is not None, (measured, out[-3000:])
+    # Expected against measured, both in the record and said once (no band on the value: a
+    # rehearsal on shared cores measures what it measures).
+    assert outcome["tok_s_before"] > 0 and outcome["tok_s_after"] > 0, outcome
+    assert outcome["gain_percent"] is not None and outcome["of_expected_percent"] is not None, outcome
+    assert "autoswitch: pp8 -> tp8 measured " in out, out[-3000:]
+    print(f"autoswitch: expected {measured['expected']['tok_s_before']:.0f} -> {measured['expected']['tok_s_after']:.0f} tok/s, "
+          f"measured {outcome['tok_s_before']:.0f} -> {outcome['tok_s_after']:.0f} ({outcome['gain_percent']:+.0f} %), "
+          f"{load.ok} requests served, 0 failed")
 
 
 def test_a_host_leaves_and_rejoins_the_fleet_without_a_router_restart_or_a_failed_request(fleet):

@@ -180,3 +180,24 @@ def test_metrics_have_sglangs_names_and_labels(launch, engine_env, flags, series
     ttft = families["sglang:time_to_first_token_seconds"]
     assert ttft.type == "histogram" and any(s.name.endswith("_count") and s.value == 1.0 for s in ttft.samples)
     assert families["sglang:inter_token_latency_seconds"].type == "histogram"
+    # The length histograms only with --collect-tokens-histogram, as in SGLang.
+    assert "sglang:prompt_tokens_histogram" not in families and "sglang:generation_tokens_histogram" not in families
+
+
+def test_collect_tokens_histogram_gives_each_requests_lengths(launch, engine_env):
+    """SGLang's --collect-tokens-histogram: every finished request's prompt and generation lengths,
+    in the collector's buckets, which the watch reads as a distribution."""
+    from components.core import server_metrics as M
+    e = start(launch, engine_env, TP8 + ["--enable-metrics", "--collect-tokens-histogram"], REHEARSAL_SECONDS_PER_TOKEN="0",
+              REHEARSAL_PERFORMANCE="off")
+    for tokens in (3, 3, 150):
+        e.post("/generate", {"text": "this is a rehearsal", "sampling_params": {"max_new_tokens": tokens}})
+    with urllib.request.urlopen(f"http://127.0.0.1:{e.port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert families["sglang:prompt_tokens_histogram"].type == "histogram"
+    sample = M.server_sample(text, at=1.0, attn_tp_size=8)
+    assert sample.prompt_lengths.count == 3 and sample.prompt_lengths.total == 12
+    assert sample.generation_lengths.count == 3 and sample.generation_lengths.total == 156
+    # Two of three requests under the first bucket (100 tokens), one between 100 and 300.
+    assert dict(sample.generation_lengths.buckets)[100.0] == 2 and dict(sample.generation_lengths.buckets)[300.0] == 3

@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--show-time-cost", action="store_true")
     a("--enable-metrics", action="store_true")
     a("--enable-metrics-for-all-schedulers", action="store_true")
+    a("--collect-tokens-histogram", action="store_true")
     a("--decode-log-interval", type=int, default=40)
     # Kernel backends
     a("--attention-backend", default=None, choices=ATTENTION_BACKEND_CHOICES)

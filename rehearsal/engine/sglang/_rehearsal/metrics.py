@@ -14,6 +14,10 @@ Read from SGLang's observability collector (SchedulerMetricsCollector, Tokenizer
   `num_requests_total`, `time_to_first_token_seconds`, `inter_token_latency_seconds` (older
   releases: `time_per_output_token_seconds`), `e2e_request_latency_seconds`), labelled
   `model_name`, `engine_type`, with SGLang's default buckets.
+With `--collect-tokens-histogram`, also `sglang:prompt_tokens_histogram` and
+`sglang:generation_tokens_histogram` (each finished request's lengths), both with the collector's
+default prompt-token buckets (SGLang uses that one list for both unless --prompt-tokens-buckets /
+--generation-tokens-buckets say otherwise).
 Rendered as prometheus_client writes the text format 0.0.4 (a counter's family is named with its
 `_total`; `le` as a float; values as floats).
 """
@@ -25,6 +29,9 @@ TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100,
 E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
 ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
                0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+# TokenizerMetricsCollector's default_bucket_prompt_tokens (collector.py), used for both length histograms.
+TOKEN_BUCKETS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12000, 15000,
+                 20000, 22000, 25000, 30000, 35000, 40000, 66000, 99000, 132000, 300000, 600000, 900000, 1100000)
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -54,6 +61,8 @@ class Stats:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        self.prompt_lengths = Histogram(TOKEN_BUCKETS)
+        self.generation_lengths = Histogram(TOKEN_BUCKETS)
 
     def token(self, result: dict, now: float):
         with self.lock:
@@ -70,6 +79,8 @@ class Stats:
             self.requests += 1
             self.prompt_tokens += int(result["prompt_tokens"])
             self.e2e.observe(now - result["started"])
+            self.prompt_lengths.observe(int(result["prompt_tokens"]))
+            self.generation_lengths.observe(int(result.get("emitted") or 0))
 
 
 def _labels(pairs) -> str:
@@ -132,10 +143,13 @@ def render(engine) -> str:
                                  ("num_requests_total", "Number of requests processed.", stats.requests)):
             lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} counter",
                       f"sglang:{name}{_labels(base)} {_num(value)}"]
-        for name, doc, hist in (("time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft),
-                                ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.itl),
-                                ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                                 stats.e2e)):
+        histograms = [("time_to_first_token_seconds", "Histogram of time to first token in seconds.", stats.ttft),
+                      ("inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", stats.itl),
+                      ("e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", stats.e2e)]
+        if getattr(args, "collect_tokens_histogram", False):
+            histograms += [("prompt_tokens_histogram", "Histogram of prompt token length.", stats.prompt_lengths),
+                           ("generation_tokens_histogram", "Histogram of generation token length.", stats.generation_lengths)]
+        for name, doc, hist in histograms:
             lines += [f"# HELP sglang:{name} {doc}", f"# TYPE sglang:{name} histogram"]
             for bound, count in zip(hist.bounds, hist.counts):
                 lines.append(f"sglang:{name}_bucket{_labels(base + [('le', _num(bound))])} {_num(count)}")
