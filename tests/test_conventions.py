@@ -65,7 +65,8 @@ def table() -> str:
     rows = ["| module | test files that import it |", "|---|---|"]
     for module, tests in users.items():
         path = module.replace(".", "/") + (".py" if (REPO / (module.replace(".", "/") + ".py")).exists() else "/__init__.py")
-        named = ", ".join(f"`{t.removeprefix('tests/')}`" for t in sorted(tests)) or "none by import (reached through the modules that import it)"
+        named = (", ".join(f"`{t.removeprefix('tests/')}`" for t in sorted(tests))
+                 or "none by import (reached through the modules that import it)")
         rows.append(f"| `{path}` | {named} |")
     return "\n".join(rows)
 
