@@ -23,7 +23,8 @@ from .common import require_target as _require_target
 from .common import resource_id
 from .common import stop_and_disable as _stop_and_disable
 from .provider_errors import DeployError
-from .providers import ServiceProvider, service_diff
+from .providers import ServiceProvider
+from .service_diff import service_diff
 from .service_state import declared_inputs, without_last_reading
 
 # $1 rank 0's address, $2 a port it listens on (its sshd). Exit 3: no route; 4: no TCP connection.

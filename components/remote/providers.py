@@ -38,7 +38,7 @@ from ..core.facts import FactError, HostFacts, check_facts, parse_facts, split_s
 from ..core.fitness_baseline import drift_of, parse_baseline
 from ..core.rules import breaks_secret_line
 from ..core import status as S
-from ..core.specs import HostFactsSpec, ReadinessSpec, RemoteFileSpec, ServiceSpec, argv
+from ..core.specs import HostFactsSpec, ReadinessSpec, RemoteFileSpec, ServiceSpec
 from . import cli, host_lock, identity, ledger_record, preview, probe, routed_guard, said, service_state, ssh, switch_executor
 from . import router as router_roll
 from .common import changed as _changed
@@ -49,8 +49,9 @@ from .common import require_target as _require_target
 from .common import resource_id
 from .common import stop_and_disable as _stop_and_disable
 from .provider_errors import ROLLBACK_FAILED, DeployError, RollbackFailed, named
-from .service_state import READ_ONLY_WHEN_SO, declared_inputs, without_last_reading
+from .service_state import declared_inputs, without_last_reading
 from .switch_memory import just_checked, remember_replaced
+from .service_diff import service_diff
 
 __all__ = ["DeployError", "RollbackFailed", "ROLLBACK_FAILED", "HostFactsProvider", "RemoteFileProvider", "ServiceProvider",
            "ReadinessProvider", "FailedSwitchProvider"]
@@ -440,35 +441,6 @@ class ServiceProvider(ResourceProvider):
             # Pulumi calls no provider code in a destroy's preview: the warning comes when it happens.
             _progress(f"{who}warning: {unit} served and is stopped: nothing serves on {t.label} now "
                       "(deploy a strategy stack to serve again)")
-
-
-def service_diff(olds: dict, news: dict, more: tuple[str, ...] = ()) -> DiffResult:
-    """A serving unit's diff (one host, or a multi-node layout with `more` = ("ranks",)): what the
-    engine must change, from the stored state (its last read's outputs among them) and the
-    declaration."""
-    active = ServiceSpec.from_props(news).active
-    # A state written before the process was compared has no runningServer: as declared.
-    olds = {**olds, "runningServer": olds.get("runningServer", R.AS_DECLARED)}
-    news = {**news, "active": active, "enabled": news.get("enabled", True),
-            "runningServer": news.get("runningServer", R.AS_DECLARED) if active else olds["runningServer"]}
-    # execStart as an argv: a state written before it was one line holds the same list.
-    olds, news = {**olds, "execStart": argv(olds.get("execStart"))}, {**news, "execStart": argv(news.get("execStart"))}
-    changed = _changed(olds, news, ["unit", "configHash", "declared", "port", "bind", "active", "enabled",
-                                    "connection", "runningServer", "execStart", "environment", *READ_ONLY_WHEN_SO, *more])
-    if olds.get("readinessReport") is None:
-        changed.append("readinessReport")  # a state left empty by an earlier version: record it once
-    if olds.get("switchFailure"):
-        changed.append("switchFailure")  # the last switch left nothing serving: try it again
-    place = ServiceSpec.from_props(news).router
-    changed += ["router"] if place is not None and place.rejoin else []  # put back (roll.py)
-    moved = _moved(olds, news)
-    if moved:
-        # Said at the diff, so the preview says it before anything happens.
-        _progress(f"{ServiceSpec.from_props(news).who}{news.get('unit')} moves from {olds['connection'].get('host')} to "
-                  f"{news['connection'].get('host')}: it starts there and is checked, then it is stopped "
-                  "and its unit file removed where it served (CUDA, the venv and the environment file stay)")
-    replaces = ["unit"] if olds.get("unit") != news.get("unit") else []
-    return DiffResult(changes=bool(changed), replaces=replaces + moved, stables=[])
 
 
 # ---------------------------------------------------------------------------------------
